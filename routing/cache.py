@@ -1,0 +1,181 @@
+"""A bounded cache of match results, invalidated precisely.
+
+The broker matches the same hot topics over and over (a popular page's
+``view`` event), so like nats-server's sublist we keep ``topic -> result``.
+A subscribe or unsubscribe must drop exactly the cached topics the changed
+filter can match. Scanning every cached topic with the filter would cost
+O(cache size) per subscribe; instead the cached topics are also kept in a
+small trie of plain dicts, which the filter walks: a literal level follows
+one child, a wildcard fans out only where it must. When the filter starts
+with a wildcard it can reach every cached topic, and dropping the whole cache
+is cheaper than walking it.
+
+When the cache holds more than ``max_entries`` topics, the oldest are
+dropped until ``sweep_to`` remain (a batch sweep, as in nats-server, so the
+cost is amortised over many inserts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Final
+
+from routing.filters import STAR, Filter, Rest, Token
+
+DEFAULT_MAX_ENTRIES: Final = 4096
+DEFAULT_SWEEP_TO: Final = 3072
+
+Result = frozenset[Hashable]
+_END: Final = None  # key under which an index node stores its topic
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStatistics:
+    entries: int
+    hits: int
+    misses: int
+    evictions: int
+    invalidated: int
+    clears: int
+
+
+class MatchCache:
+    """``topic -> frozenset`` of subscribers, bounded, with per-filter invalidation."""
+
+    __slots__ = (
+        "_index",
+        "clears",
+        "evictions",
+        "hits",
+        "invalidated",
+        "max_entries",
+        "misses",
+        "results",
+        "sweep_to",
+    )
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, sweep_to: int | None = None):
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        if sweep_to is None:
+            sweep_to = max_entries * 3 // 4
+        if not 0 <= sweep_to < max_entries:
+            raise ValueError("sweep_to must be in [0, max_entries)")
+        self.max_entries = max_entries
+        self.sweep_to = sweep_to
+        self.results: dict[str, Result] = {}
+        self._index: dict[Any, Any] = {}
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.invalidated = 0
+        self.clears = 0
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def get(self, topic: str) -> Result | None:
+        result = self.results.get(topic)
+        if result is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return result
+
+    def put(self, topic: str, levels: Sequence[str], result: Result) -> None:
+        if topic not in self.results:
+            node = self._index
+            for level in levels:
+                child = node.get(level)
+                if child is None:
+                    child = node[level] = {}
+                node = child
+            node[_END] = topic
+        self.results[topic] = result
+        if len(self.results) > self.max_entries:
+            self._sweep()
+
+    def clear(self) -> None:
+        if self.results:
+            self.clears += 1
+        self.results = {}
+        self._index = {}
+
+    def invalidate(self, flt: Filter) -> None:
+        """Forget every cached topic ``flt`` can match."""
+        if not self.results:
+            return
+        if not flt.levels or flt.levels[0].__class__ is not str:
+            self.clear()
+            return
+        found: list[str] = []
+        _collect(self._index, flt.levels, 0, flt.rest, found)
+        for topic in found:
+            self._forget(topic)
+        self.invalidated += len(found)
+
+    def statistics(self) -> CacheStatistics:
+        return CacheStatistics(
+            entries=len(self.results),
+            hits=self.hits,
+            misses=self.misses,
+            evictions=self.evictions,
+            invalidated=self.invalidated,
+            clears=self.clears,
+        )
+
+    def _sweep(self) -> None:
+        excess = len(self.results) - self.sweep_to
+        for topic in list(islice(self.results, excess)):
+            self._forget(topic)
+        self.evictions += excess
+
+    def _forget(self, topic: str) -> None:
+        del self.results[topic]
+        path = []
+        node = self._index
+        for level in topic.split("/"):
+            path.append((node, level))
+            node = node[level]
+        del node[_END]
+        for parent, level in reversed(path):
+            if parent[level]:
+                break
+            del parent[level]
+
+
+def _collect(
+    node: dict[Any, Any], tokens: tuple[Token, ...], i: int, rest: Rest | None, out: list[str]
+) -> None:
+    """Append the indexed topics below ``node`` that ``tokens[i:]`` + ``rest`` match."""
+    if i == len(tokens):
+        if rest is None or rest.min_levels == 0:
+            topic = node.get(_END)
+            if topic is not None:
+                out.append(topic)
+        if rest is not None:
+            stack = [child for key, child in node.items() if key is not _END]
+            while stack:
+                below = stack.pop()
+                for key, child in below.items():
+                    if key is _END:
+                        out.append(child)
+                    else:
+                        stack.append(child)
+        return
+    token = tokens[i]
+    if token.__class__ is str:
+        child = node.get(token)
+        if child is not None:
+            _collect(child, tokens, i + 1, rest, out)
+    elif token is STAR:
+        for key, child in node.items():
+            if key is not _END:
+                _collect(child, tokens, i + 1, rest, out)
+    else:
+        prefix = token.prefix  # type: ignore[union-attr]
+        for key, child in node.items():
+            if key is not _END and key.startswith(prefix):
+                _collect(child, tokens, i + 1, rest, out)

@@ -1,0 +1,197 @@
+"""Filter syntax in two dialects, parsed into one token model.
+
+Native (Solace style): ``*`` as a whole level matches one level; ``abc*``
+(star only as the last character) matches one level starting with ``abc``,
+``abc`` included; ``>`` as the last level matches one or more levels.
+
+MQTT (opt-in): ``+`` is one level; ``#`` as the last level matches zero or
+more levels, so ``a/#`` matches ``a``. ``*`` and ``>`` are ordinary
+characters there; since topics never contain them, a level holding them can
+never match.
+
+Both dialects compile to the same tokens (a literal ``str``, ``STAR``,
+``Prefix``) plus an optional trailing ``Rest``, so the trie, the cache and
+the covering check handle one model. A native and an MQTT filter with the
+same text are still different filters: equality is (text, dialect).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from sys import intern
+from dataclasses import dataclass
+from typing import Final
+
+from routing.errors import TopicError
+from routing.topics import check_common, split_topic
+
+NATIVE: Final = "native"
+MQTT: Final = "mqtt"
+DIALECTS: Final = (NATIVE, MQTT)
+
+
+class _Star:
+    """Matches exactly one level, whatever it holds."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "STAR"
+
+    def __reduce__(self) -> str:
+        return "STAR"
+
+
+STAR: Final = _Star()
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """Matches one level that starts with ``prefix`` (``prefix`` itself included)."""
+
+    prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rest:
+    """Matches the remaining levels, at least ``min_levels`` of them."""
+
+    min_levels: int
+
+
+REST_ONE: Final = Rest(1)  # native '>'
+REST_ANY: Final = Rest(0)  # mqtt '#'
+
+Token = str | _Star | Prefix
+
+
+class Filter:
+    """A parsed, valid filter. Build one with :func:`parse_filter`."""
+
+    __slots__ = ("_hash", "dialect", "levels", "rest", "text")
+
+    text: str
+    dialect: str
+    levels: tuple[Token, ...]
+    rest: Rest | None
+
+    def __init__(self, text: str, dialect: str, levels: tuple[Token, ...], rest: Rest | None):
+        self.text = text
+        self.dialect = dialect
+        self.levels = levels
+        self.rest = rest
+        self._hash = hash((text, dialect))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Filter):
+            return NotImplemented
+        return self.text == other.text and self.dialect == other.dialect
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"Filter({self.text!r}, dialect={self.dialect!r})"
+
+    @property
+    def key(self) -> tuple[Token | Rest, ...]:
+        """The token path: equal for filters that match the same topics by shape."""
+        return (*self.levels, self.rest) if self.rest is not None else self.levels
+
+    @property
+    def excludes_system(self) -> bool:
+        """True when the first level is a wildcard, so ``$`` topics are not matched."""
+        return not self.levels or self.levels[0].__class__ is not str
+
+    @property
+    def is_literal(self) -> bool:
+        """True when the filter has no wildcard at all."""
+        return self.rest is None and all(t.__class__ is str for t in self.levels)
+
+    def matches(self, topic: str) -> bool:
+        """Does this filter match ``topic``? Raises TopicError for an invalid topic."""
+        return self.matches_levels(split_topic(topic))
+
+    def matches_levels(self, levels: Sequence[str]) -> bool:
+        """Match already-validated topic levels; a linear walk, no trie."""
+        fixed = self.levels
+        if self.rest is None:
+            if len(levels) != len(fixed):
+                return False
+        elif len(levels) < len(fixed) + self.rest.min_levels:
+            return False
+        if self.excludes_system and levels[0].startswith("$"):
+            return False
+        for token, level in zip(fixed, levels, strict=False):
+            if token.__class__ is str:
+                if token != level:
+                    return False
+            elif token is not STAR and not level.startswith(token.prefix):  # type: ignore[union-attr]
+                return False
+        return True
+
+
+def _parse_native(text: str, levels: list[str]) -> tuple[list[Token], Rest | None]:
+    tokens: list[Token] = []
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        where = f"at level {i + 1} ({level!r})"
+        if level == ">":
+            if i != last:
+                raise TopicError(f"filter {text!r}: '>' must be the last level, found {where}")
+            return tokens, REST_ONE
+        if level == "*":
+            tokens.append(STAR)
+        elif ">" in level:
+            raise TopicError(f"filter {text!r}: '>' must be a whole level, found {where}")
+        elif "*" in level:
+            if level.index("*") != len(level) - 1:
+                raise TopicError(
+                    f"filter {text!r}: '*' must be a whole level or the last character "
+                    f"of one, found {where}"
+                )
+            tokens.append(Prefix(level[:-1]))
+        else:
+            tokens.append(intern(level))
+    return tokens, None
+
+
+def _parse_mqtt(text: str, levels: list[str]) -> tuple[list[Token], Rest | None]:
+    tokens: list[Token] = []
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        where = f"at level {i + 1} ({level!r})"
+        if level == "#":
+            if i != last:
+                raise TopicError(f"filter {text!r}: '#' must be the last level, found {where}")
+            return tokens, REST_ANY
+        if level == "+":
+            tokens.append(STAR)
+        elif "#" in level or "+" in level:
+            raise TopicError(
+                f"filter {text!r}: '+' and '#' must be a whole level in the mqtt dialect, "
+                f"found {where}"
+            )
+        else:
+            tokens.append(intern(level))
+    return tokens, None
+
+
+def parse_filter(text: str, dialect: str = NATIVE) -> Filter:
+    """Parse and validate a filter; raises TopicError (or ValueError for the dialect)."""
+    if dialect == NATIVE:
+        parse = _parse_native
+    elif dialect == MQTT:
+        parse = _parse_mqtt
+    else:
+        raise ValueError(f"unknown filter dialect {dialect!r}; expected 'native' or 'mqtt'")
+    levels = check_common(text, "filter")
+    tokens, rest = parse(text, levels)
+    return Filter(text, dialect, tuple(tokens), rest)
+
+
+def as_filter(value: Filter | str) -> Filter:
+    """Accept a parsed filter or a native filter string."""
+    if isinstance(value, Filter):
+        return value
+    return parse_filter(value, NATIVE)

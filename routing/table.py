@@ -1,0 +1,263 @@
+"""The subscription table: (filter, subscriber) entries and who wants a topic.
+
+Three structures, each answering one question:
+
+- ``MatchTrie``: who wants this topic? (the hot path)
+- a pygtrie keyed by filter token paths: which filters live under
+  ``beacon/eu``? (prefix questions for route summarization and operators)
+- ``MatchCache``: the answer for a hot topic without walking anything.
+
+An entry is (filter text, dialect, subscriber). Parsed filters are shared
+between the subscribers that hold the same text, and the pygtrie only
+changes when a distinct filter appears or disappears, so subscribe and
+unsubscribe stay cheap. ``generation`` moves on every change, so caches kept
+elsewhere (per connection, per peer link) can tell they are stale without
+being told.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+import pygtrie
+
+from routing.cache import DEFAULT_MAX_ENTRIES, MatchCache, Result
+from routing.filters import NATIVE, Filter, parse_filter
+from routing.topics import check_common, split_topic
+from routing.trie import MatchTrie
+
+EMPTY: Final[Result] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class TableStatistics:
+    """Counters an operator graphs; a snapshot, not live."""
+
+    subscriptions: int
+    filters: int
+    subscribers: int
+    trie_nodes: int
+    generation: int
+    matches: int
+    cache_entries: int
+    cache_hits: int
+    cache_misses: int
+    cache_evictions: int
+    cache_invalidated: int
+    cache_clears: int
+
+
+class _FilterRecord:
+    """A distinct filter and how many subscribers hold it."""
+
+    __slots__ = ("filter", "holders")
+
+    def __init__(self, flt: Filter) -> None:
+        self.filter = flt
+        self.holders = 0
+
+
+class SubscriptionTable:
+    """Wildcard subscriptions, matched by walking a trie of levels.
+
+    ``cache_size=0`` turns the match cache off (for high churn, or to
+    measure cold matching).
+    """
+
+    def __init__(self, *, cache_size: int = DEFAULT_MAX_ENTRIES) -> None:
+        self._trie = MatchTrie()
+        self._cache: MatchCache | None = MatchCache(cache_size) if cache_size > 0 else None
+        self._records: dict[tuple[str, str], _FilterRecord] = {}
+        self._by_path: pygtrie.Trie = pygtrie.Trie()
+        self._by_subscriber: dict[Hashable, set[Filter]] = {}
+        self._entries = 0
+        self._cold_matches = 0
+        self.generation = 0
+
+    def __len__(self) -> int:
+        return self._entries
+
+    def __contains__(self, entry: object) -> bool:
+        """``(filter_text, subscriber)`` or ``(filter_text, subscriber, dialect)``."""
+        if not isinstance(entry, tuple) or len(entry) not in (2, 3):
+            return False
+        text, subscriber, *rest = entry
+        dialect = rest[0] if rest else NATIVE
+        record = self._records.get((text, dialect))
+        held = self._by_subscriber.get(subscriber)
+        return record is not None and held is not None and record.filter in held
+
+    def add(self, filter: str | Filter, subscriber: Hashable, dialect: str = NATIVE) -> bool:
+        """Subscribe; True if the (filter, subscriber) pair is new.
+
+        An invalid filter raises TopicError and changes nothing.
+        """
+        text, dialect = _text_and_dialect(filter, dialect)
+        record = self._records.get((text, dialect))
+        if record is None:
+            flt = filter if isinstance(filter, Filter) else parse_filter(text, dialect)
+            held = self._by_subscriber.get(subscriber)
+        else:
+            flt = record.filter
+            held = self._by_subscriber.get(subscriber)
+            if held is not None and flt in held:
+                return False
+        if held is None:
+            held = self._by_subscriber[subscriber] = set()
+        held.add(flt)
+        if record is None:
+            record = self._records[(text, dialect)] = _FilterRecord(flt)
+            self._index_filter(flt)
+        record.holders += 1
+        self._trie.insert(flt, subscriber)
+        self._entries += 1
+        self._changed(flt)
+        return True
+
+    def remove(self, filter: str | Filter, subscriber: Hashable, dialect: str = NATIVE) -> bool:
+        """Unsubscribe; True if the pair was present. An invalid filter raises TopicError."""
+        text, dialect = _text_and_dialect(filter, dialect)
+        record = self._records.get((text, dialect))
+        if record is None:
+            if not isinstance(filter, Filter):
+                parse_filter(text, dialect)  # a bad filter is an error, not "absent"
+            return False
+        flt = record.filter
+        held = self._by_subscriber.get(subscriber)
+        if held is None or flt not in held:
+            return False
+        held.discard(flt)
+        if not held:
+            del self._by_subscriber[subscriber]
+        record.holders -= 1
+        if not record.holders:
+            del self._records[(text, dialect)]
+            self._unindex_filter(flt)
+        deleted = self._trie.delete(flt, subscriber)
+        assert deleted, "trie and entry index disagree"
+        self._entries -= 1
+        self._changed(flt)
+        return True
+
+    def remove_subscriber(self, subscriber: Hashable) -> int:
+        """Drop every filter ``subscriber`` holds; returns how many."""
+        held = self._by_subscriber.get(subscriber)
+        if not held:
+            return 0
+        count = 0
+        for flt in list(held):
+            count += self.remove(flt, subscriber)
+        return count
+
+    def match(self, topic: str) -> Result:
+        """The subscribers that want ``topic``, each once. Raises TopicError if invalid."""
+        cache = self._cache
+        if cache is not None:
+            try:
+                result = cache.results.get(topic)
+            except TypeError:  # unhashable: split_topic below says what is wrong
+                result = None
+            if result is not None:
+                cache.hits += 1
+                return result
+            cache.misses += 1
+        levels = split_topic(topic)
+        result = self._match_levels(levels)
+        if cache is not None:
+            cache.put(topic, levels, result)
+        return result
+
+    def match_uncached(self, topic: str) -> Result:
+        """Match by walking the trie, ignoring and not filling the cache."""
+        return self._match_levels(split_topic(topic))
+
+    def filters_of(self, subscriber: Hashable) -> frozenset[str]:
+        """The filter strings ``subscriber`` holds (in any dialect)."""
+        held = self._by_subscriber.get(subscriber)
+        return frozenset(f.text for f in held) if held else frozenset()
+
+    def subscriptions_of(self, subscriber: Hashable) -> frozenset[Filter]:
+        """The parsed filters ``subscriber`` holds, dialect included."""
+        held = self._by_subscriber.get(subscriber)
+        return frozenset(held) if held else frozenset()
+
+    def subscribers(self) -> Iterator[Hashable]:
+        return iter(list(self._by_subscriber))
+
+    def filters(self) -> Iterator[Filter]:
+        """Every distinct filter held by at least one subscriber."""
+        return (record.filter for record in list(self._records.values()))
+
+    def filters_under(self, prefix: str) -> list[Filter]:
+        """Distinct filters whose leading literal levels are ``prefix``'s levels.
+
+        ``filters_under("beacon/eu")`` lists ``beacon/eu/>`` and
+        ``beacon/eu/de/*/checkout``, not ``beacon/*/de``: this is a question
+        about where filters live, not about which topics they match.
+        """
+        levels = tuple(check_common(prefix, "prefix"))
+        try:
+            groups = self._by_path.values(prefix=levels)
+        except KeyError:
+            return []
+        return [flt for group in groups for flt in group]
+
+    def statistics(self) -> TableStatistics:
+        cache = self._cache
+        stats = cache.statistics() if cache is not None else None
+        return TableStatistics(
+            subscriptions=self._entries,
+            filters=len(self._records),
+            subscribers=len(self._by_subscriber),
+            trie_nodes=self._trie.nodes,
+            generation=self.generation,
+            matches=self._cold_matches + (stats.hits if stats else 0),
+            cache_entries=stats.entries if stats else 0,
+            cache_hits=stats.hits if stats else 0,
+            cache_misses=stats.misses if stats else 0,
+            cache_evictions=stats.evictions if stats else 0,
+            cache_invalidated=stats.invalidated if stats else 0,
+            cache_clears=stats.clears if stats else 0,
+        )
+
+    def _match_levels(self, levels: list[str]) -> Result:
+        self._cold_matches += 1
+        holders = self._trie.collect(levels)
+        if not holders:
+            return EMPTY
+        if len(holders) == 1:
+            return frozenset(holders[0])
+        merged: set[Hashable] = set()
+        for holder in holders:
+            merged.update(holder)
+        return frozenset(merged)
+
+    def _changed(self, flt: Filter) -> None:
+        self.generation += 1
+        if self._cache is not None:
+            self._cache.invalidate(flt)
+
+    def _index_filter(self, flt: Filter) -> None:
+        group = self._by_path.get(flt.key)
+        if group is None:
+            self._by_path[flt.key] = [flt]
+        else:
+            group.append(flt)
+
+    def _unindex_filter(self, flt: Filter) -> None:
+        group = self._by_path[flt.key]
+        group.remove(flt)
+        if not group:
+            del self._by_path[flt.key]
+
+
+def _text_and_dialect(filter: str | Filter, dialect: str) -> tuple[str, str]:
+    if isinstance(filter, Filter):
+        return filter.text, filter.dialect
+    if dialect not in ("native", "mqtt"):
+        raise ValueError(f"unknown filter dialect {dialect!r}; expected 'native' or 'mqtt'")
+    if not isinstance(filter, str):
+        parse_filter(filter, dialect)  # raises TopicError naming the type
+    return filter, dialect

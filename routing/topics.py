@@ -1,0 +1,74 @@
+"""Topic syntax: what a publisher may name.
+
+A topic is UTF-8, 1..250 bytes, at most 128 levels separated by ``/``, with
+no empty level, no NUL and no ``*`` or ``>`` anywhere. A topic whose first
+level starts with ``$`` is a system topic, which wildcard-first filters do
+not match. ``split_topic`` is on the hot path of every match, so it checks
+with C-level string methods and only builds a detailed message on failure.
+"""
+
+from __future__ import annotations
+
+from routing.errors import TopicError
+
+MAX_TOPIC_BYTES = 250
+MAX_LEVELS = 128
+SEPARATOR = "/"
+
+
+def _byte_length(text: str, what: str) -> int:
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise _error(what, text, f"is not valid UTF-8 (character {exc.start})") from None
+
+
+def _error(what: str, text: str, problem: str) -> TopicError:
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    return TopicError(f"{what} {shown!r} {problem}")
+
+
+def check_common(text: object, what: str) -> list[str]:
+    """Checks shared by topics and filters; returns the levels."""
+    if not isinstance(text, str):
+        raise TopicError(f"{what} must be a str, not {type(text).__name__}")
+    if not text:
+        raise TopicError(f"{what} is empty")
+    size = _byte_length(text, what)
+    if size > MAX_TOPIC_BYTES:
+        raise _error(what, text, f"is {size} bytes in UTF-8; the limit is {MAX_TOPIC_BYTES}")
+    if "\x00" in text:
+        raise _error(what, text, f"contains NUL at character {text.index(chr(0))}")
+    levels = text.split(SEPARATOR)
+    if len(levels) > MAX_LEVELS:
+        raise _error(what, text, f"has {len(levels)} levels; the limit is {MAX_LEVELS}")
+    if "" in levels:
+        raise _error(what, text, f"has an empty level at level {levels.index('') + 1}")
+    return levels
+
+
+def split_topic(topic: object) -> list[str]:
+    """Validate ``topic`` and return its levels."""
+    levels = check_common(topic, "topic")
+    assert isinstance(topic, str)
+    for ch in "*>":
+        if ch in topic:
+            raise _error(
+                "topic",
+                topic,
+                f"contains {ch!r} at character {topic.index(ch)}: "
+                "wildcards are only allowed in filters",
+            )
+    return levels
+
+
+def validate_topic(topic: str) -> None:
+    """Raise TopicError unless ``topic`` is a valid topic name."""
+    split_topic(topic)
+
+
+def is_system_topic(topic: str) -> bool:
+    """System topics (``$SYS/...``) are hidden from wildcard-first filters."""
+    return topic.startswith("$")
