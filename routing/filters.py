@@ -18,8 +18,8 @@ same text are still different filters: equality is (text, dialect).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from sys import intern
 from dataclasses import dataclass
+from sys import intern
 from typing import Final
 
 from routing.errors import TopicError

@@ -1,0 +1,114 @@
+"""Model-based test: random add/remove/match sequences against a naive model.
+
+The model is a set of (filter, dialect, subscriber) entries matched with the
+regex reference in tests/reference.py. Filters and topics come from a tiny
+alphabet so wildcards, prefixes, the `$` rule and `#`-matches-parent really
+collide. A small cache size makes sweeps happen; the invariant checks that
+every cached answer equals a fresh uncached walk.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
+
+from routing import SubscriptionTable, TopicError
+from tests.reference import ref_matches
+
+NATIVE_LEVELS = ["a", "b", "ab", "$a", "*", "a*", "$*", ">"]
+MQTT_LEVELS = ["a", "b", "ab", "$a", "+", "#", "*"]
+TOPIC_LEVELS = ["a", "b", "ab", "abc", "$a", "ba"]
+
+
+@st.composite
+def filters(draw: st.DrawFn) -> tuple[str, str]:
+    dialect = draw(st.sampled_from(["native", "mqtt"]))
+    alphabet = NATIVE_LEVELS if dialect == "native" else MQTT_LEVELS
+    levels = draw(st.lists(st.sampled_from(alphabet), min_size=1, max_size=4))
+    return "/".join(levels), dialect
+
+
+topic_strategy = st.lists(st.sampled_from(TOPIC_LEVELS), min_size=1, max_size=4).map("/".join)
+subscriber_strategy = st.sampled_from(["s1", "s2", "s3"])
+
+
+def valid(text: str, dialect: str) -> bool:
+    forbidden_inside = {"native": ">", "mqtt": "#"}[dialect]
+    levels = text.split("/")
+    if forbidden_inside in levels[:-1]:
+        return False
+    if dialect == "native":
+        return all(("*" not in lvl or lvl.index("*") == len(lvl) - 1) for lvl in levels)
+    return True
+
+
+class TableModel(RuleBasedStateMachine):
+    cache_size = 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = SubscriptionTable(cache_size=self.cache_size)
+        self.model: set[tuple[str, str, str]] = set()
+
+    added = Bundle("added")
+    topics = Bundle("topics")
+
+    @rule(target=added, flt=filters(), subscriber=subscriber_strategy)
+    def add(self, flt: tuple[str, str], subscriber: str) -> tuple[str, str, str]:
+        text, dialect = flt
+        entry = (text, dialect, subscriber)
+        if not valid(text, dialect):
+            try:
+                self.table.add(text, subscriber, dialect)
+            except TopicError:
+                return entry
+            raise AssertionError(f"{text!r} ({dialect}) should have been refused")
+        assert self.table.add(text, subscriber, dialect) == (entry not in self.model)
+        self.model.add(entry)
+        return entry
+
+    @rule(entry=added)
+    def remove_again(self, entry: tuple[str, str, str]) -> None:
+        text, dialect, subscriber = entry
+        if not valid(text, dialect):
+            return
+        assert self.table.remove(text, subscriber, dialect) == (entry in self.model)
+        self.model.discard(entry)
+
+    @rule(target=topics, topic=topic_strategy)
+    def new_topic(self, topic: str) -> str:
+        return topic
+
+    @rule(topic=topics)
+    def match(self, topic: str) -> None:
+        expected = {s for (t, d, s) in self.model if ref_matches(t, d, topic)}
+        assert self.table.match(topic) == expected
+
+    @invariant()
+    def size_and_filters_agree(self) -> None:
+        assert len(self.table) == len(self.model)
+        for subscriber in ("s1", "s2", "s3"):
+            held = {t for (t, _d, s) in self.model if s == subscriber}
+            assert self.table.filters_of(subscriber) == held
+
+    @invariant()
+    def cached_answers_are_fresh(self) -> None:
+        cache = self.table._cache
+        if cache is None:
+            return
+        assert len(cache.results) <= cache.max_entries
+        for topic, result in cache.results.items():
+            assert result == self.table.match_uncached(topic), topic
+
+
+class TableModelWithoutCache(TableModel):
+    cache_size = 0
+
+
+TestTableModel = TableModel.TestCase
+TestTableModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestTableModelWithoutCache = TableModelWithoutCache.TestCase
+TestTableModelWithoutCache.settings = settings(
+    max_examples=75, stateful_step_count=40, deadline=None
+)
