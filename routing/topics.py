@@ -51,6 +51,22 @@ def check_common(text: object, what: str) -> list[str]:
 
 def split_topic(topic: object) -> list[str]:
     """Validate ``topic`` and return its levels."""
+    if (
+        topic.__class__ is str
+        and topic.isascii()  # type: ignore[attr-defined]
+        and 0 < len(topic) <= MAX_TOPIC_BYTES  # type: ignore[arg-type]
+        and "\x00" not in topic  # type: ignore[operator]
+        and "*" not in topic  # type: ignore[operator]
+        and ">" not in topic  # type: ignore[operator]
+    ):
+        levels = topic.split(SEPARATOR)  # type: ignore[attr-defined]
+        if "" not in levels:  # ASCII within 250 bytes also means <= 125 levels
+            return levels
+    return _split_topic_checked(topic)
+
+
+def _split_topic_checked(topic: object) -> list[str]:
+    """The slow path: every check, with a message naming the first problem."""
     levels = check_common(topic, "topic")
     assert isinstance(topic, str)
     for ch in "*>":

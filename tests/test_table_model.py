@@ -85,6 +85,23 @@ class TableModel(RuleBasedStateMachine):
         expected = {s for (t, d, s) in self.model if ref_matches(t, d, topic)}
         assert self.table.match(topic) == expected
 
+    @rule(prefix=st.lists(st.sampled_from(TOPIC_LEVELS), min_size=1, max_size=2))
+    def filters_under(self, prefix: list[str]) -> None:
+        def lives_under(text: str, dialect: str) -> bool:
+            levels = text.split("/")
+            wild = {"native": ("*", ">"), "mqtt": ("+", "#")}[dialect]
+            head = levels[: len(prefix)]
+            if dialect == "native":
+                head_is_literal = all("*" not in lvl and lvl != ">" for lvl in head)
+            else:
+                head_is_literal = all(lvl not in wild for lvl in head)
+            return head == prefix and head_is_literal
+
+        expected = {(t, d) for (t, d, _s) in self.model if lives_under(t, d)}
+        found = self.table.filters_under("/".join(prefix))
+        assert len(found) == len(expected)
+        assert {(f.text, f.dialect) for f in found} == expected
+
     @invariant()
     def size_and_filters_agree(self) -> None:
         assert len(self.table) == len(self.model)
