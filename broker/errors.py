@@ -1,0 +1,187 @@
+"""Protocol errors, and the codes that travel in ERROR frames.
+
+Errors say whose fault it was (as in h11's ``_util.py``): a ``RemoteProtocolError`` means the
+peer broke the protocol, and the connection answers with an ERROR frame carrying its ``code``; a
+``LocalProtocolError`` means our own code misused the protocol, which is a bug and should fail
+loudly. Both carry the same ``code``/``text``/``ref`` so that an error found while *building* a
+frame (``LocalProtocolError``) can be re-raised as the peer's fault when the frame came off the
+wire, which is what the decoder does.
+
+Every code states whether the connection is closed after it: stream-level errors mean the byte
+stream or the session can no longer be trusted; request-level errors refuse one request (the
+ERROR frame's ``ref`` names it) and the connection carries on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from types import MappingProxyType
+
+__all__ = [
+    "CLOSES_CONNECTION",
+    "ERROR_DESCRIPTIONS",
+    "ErrorCode",
+    "LocalProtocolError",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "code_closes_connection",
+    "render_error_table",
+]
+
+
+class ErrorCode(StrEnum):
+    """The ``code`` of an ERROR frame; the wire value is the member's name."""
+
+    BAD_FRAME = "BAD_FRAME"
+    UNKNOWN_TYPE = "UNKNOWN_TYPE"
+    UNEXPECTED_FRAME = "UNEXPECTED_FRAME"
+    FRAME_TOO_LARGE = "FRAME_TOO_LARGE"
+    INVALID_TOPIC = "INVALID_TOPIC"
+    INVALID_FILTER = "INVALID_FILTER"
+    HELLO_REQUIRED = "HELLO_REQUIRED"
+    DUPLICATE_HELLO = "DUPLICATE_HELLO"
+    VERSION_MISMATCH = "VERSION_MISMATCH"
+    AUTH_FAILED = "AUTH_FAILED"
+    UNKNOWN_SUBSCRIPTION = "UNKNOWN_SUBSCRIPTION"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    SLOW_CONSUMER = "SLOW_CONSUMER"
+    IDLE_TIMEOUT = "IDLE_TIMEOUT"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    INVALID_ACK = "INVALID_ACK"
+    SESSION_TAKEN = "SESSION_TAKEN"
+    INTERNAL = "INTERNAL"
+
+    @property
+    def closes_connection(self) -> bool:
+        """True when the sender closes the connection right after an ERROR with this code."""
+        return CLOSES_CONNECTION[self]
+
+    @property
+    def description(self) -> str:
+        """One sentence for operators and docs/protocol.md."""
+        return ERROR_DESCRIPTIONS[self]
+
+
+_C = ErrorCode
+
+#: Whether the connection is closed after an ERROR with this code (see the module docstring).
+CLOSES_CONNECTION: Mapping[ErrorCode, bool] = MappingProxyType(
+    {
+        _C.BAD_FRAME: True,
+        _C.UNKNOWN_TYPE: True,
+        _C.UNEXPECTED_FRAME: True,
+        _C.FRAME_TOO_LARGE: True,
+        _C.INVALID_TOPIC: False,
+        _C.INVALID_FILTER: False,
+        _C.HELLO_REQUIRED: True,
+        _C.DUPLICATE_HELLO: True,
+        _C.VERSION_MISMATCH: True,
+        _C.AUTH_FAILED: True,
+        _C.UNKNOWN_SUBSCRIPTION: False,
+        _C.PAYLOAD_TOO_LARGE: False,
+        _C.SLOW_CONSUMER: True,
+        _C.IDLE_TIMEOUT: True,
+        _C.SHUTTING_DOWN: True,
+        _C.INVALID_ACK: False,
+        _C.SESSION_TAKEN: True,
+        _C.INTERNAL: True,
+    }
+)
+
+#: What each code means; docs/protocol.md's error table is rendered from this.
+ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
+    {
+        _C.BAD_FRAME: (
+            "The frame body is not valid msgpack, is not a map, lacks `type` or a required "
+            "field, or a field has the wrong type or is out of range; also EOF in the middle "
+            "of a frame, and a zero length prefix."
+        ),
+        _C.UNKNOWN_TYPE: "The `type` value names no frame this side knows.",
+        _C.UNEXPECTED_FRAME: (
+            "A known frame that the receiver does not accept from the sender's role in the "
+            "current state (for example MSG sent by a client)."
+        ),
+        _C.FRAME_TOO_LARGE: (
+            "The length prefix announces more than the receiver's maximum frame size; "
+            "rejected before the body is read."
+        ),
+        _C.INVALID_TOPIC: (
+            "The topic of a PUB (or of a MSG) breaks the topic rules; `ref` is the PUB id."
+        ),
+        _C.INVALID_FILTER: "The filter or dialect of a SUB is invalid; `ref` is the SUB id.",
+        _C.HELLO_REQUIRED: "A frame other than HELLO arrived before HELLO.",
+        _C.DUPLICATE_HELLO: "A second HELLO arrived on a connection that already sent one.",
+        _C.VERSION_MISMATCH: "The server does not speak the protocol version in HELLO.",
+        _C.AUTH_FAILED: "The credentials in HELLO were refused.",
+        _C.UNKNOWN_SUBSCRIPTION: "UNSUB named a subscription id this session does not hold.",
+        _C.PAYLOAD_TOO_LARGE: "A PUB payload exceeds the broker's payload limit.",
+        _C.SLOW_CONSUMER: (
+            "The client did not read its messages fast enough and its outbound queue overflowed."
+        ),
+        _C.IDLE_TIMEOUT: "Nothing arrived within the keepalive interval (plus grace).",
+        _C.SHUTTING_DOWN: "The broker is shutting down; reconnect elsewhere or later.",
+        _C.INVALID_ACK: "ACK named a sequence number that was never delivered on this session.",
+        _C.SESSION_TAKEN: (
+            "Another connection took over this durable session (same client id); this one "
+            "is closed."
+        ),
+        _C.INTERNAL: "A bug or unexpected failure on the sender's side.",
+    }
+)
+
+
+def code_closes_connection(code: str) -> bool:
+    """Whether an ERROR with ``code`` closes the connection; unknown codes close, to be safe
+    (a newer peer's code may well be stream-level)."""
+    try:
+        return CLOSES_CONNECTION[ErrorCode(code)]
+    except ValueError:
+        return True
+
+
+def render_error_table() -> str:
+    """Markdown table of every code; docs/protocol.md must contain exactly this text."""
+    lines = ["| code | closes connection | meaning |", "| --- | --- | --- |"]
+    for code in ErrorCode:
+        closes = "yes" if code.closes_connection else "no"
+        lines.append(f"| `{code.value}` | {closes} | {code.description} |")
+    return "\n".join(lines) + "\n"
+
+
+class ProtocolError(Exception):
+    """A protocol violation, carrying what the ERROR frame will say.
+
+    ``code`` is normally an ``ErrorCode`` but any string is kept as given, so that codes added
+    by newer peers survive a round trip; ``ref`` is the id of the refused request, if known.
+    """
+
+    code: str
+    text: str
+    ref: int | None
+
+    def __init__(self, code: str, text: str, *, ref: int | None = None) -> None:
+        super().__init__(code, text, ref)
+        self.code = code
+        self.text = text
+        self.ref = ref
+
+    @property
+    def closes_connection(self) -> bool:
+        """Whether the connection must close after this error (unknown codes close)."""
+        return code_closes_connection(self.code)
+
+    def __str__(self) -> str:
+        suffix = "" if self.ref is None else f" (ref {self.ref})"
+        return f"{self.code}: {self.text}{suffix}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.code)!r}, {self.text!r}, ref={self.ref!r})"
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer broke the protocol; answer with ERROR(code) and close if the code says so."""
+
+
+class LocalProtocolError(ProtocolError):
+    """Our own code misused the protocol (or built an invalid frame): a bug, fail loudly."""

@@ -1,0 +1,610 @@
+"""What may be said on a connection: one frozen dataclass per frame, and the msgpack codec.
+
+Frames are small values that are valid by construction (as h11's events): ``__post_init__``
+checks every field, so code holding a frame never re-checks it. Building an invalid frame
+raises ``LocalProtocolError`` (our bug); ``decode_frame`` re-raises the same error as
+``RemoteProtocolError`` because then the peer sent it (h11 converts at the same boundary).
+Please do not subclass the frames; add a new frame class instead.
+
+Wire form: each frame body is a msgpack map with a ``"type"`` key holding the wire type (the
+class's ``TYPE``) and one key per field, named as the field. Fields whose value is None are
+left out, and a missing optional field takes its default, so the two spellings are equal.
+
+Compatibility rule: keys a receiver does not know are ignored, so a newer peer may add
+optional fields without breaking older ones. An unknown ``type`` is an error (UNKNOWN_TYPE),
+because skipping a frame silently could lose a request.
+
+Types are strict, because msgpack keeps them: ``bool`` is never accepted for ``int`` nor the
+reverse, ``str`` fields need msgpack str and ``payload`` needs msgpack bin (``bytes``); integer
+ids, sequence numbers and sizes are in 0..2**64-1. Float fields also take ints (a peer written
+in another language may send ``30`` for 30 seconds); they are stored as ``float``.
+
+Frames are keyword-only (``Sub(id=1, filter="a/>")``): several fields are ints, and a
+positional mix-up of ``id``, ``sub`` and ``seq`` would still be a valid frame.
+
+Frames with ``dict`` fields (``headers``, ``credentials``, ``stats``) hold the dict as given:
+treat it as read-only, and note that such frames are not hashable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, NoReturn, Self
+
+import msgpack
+
+import routing
+from broker.errors import (
+    ErrorCode,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    code_closes_connection,
+)
+
+__all__ = [
+    "FRAME_TYPES",
+    "MAX_MSG_ID_BYTES",
+    "PROTOCOL_VERSION",
+    "U64_MAX",
+    "Ack",
+    "Error",
+    "Frame",
+    "Hello",
+    "Msg",
+    "Ping",
+    "Pong",
+    "Pub",
+    "PubAck",
+    "Stats",
+    "StatsReply",
+    "Sub",
+    "SubAck",
+    "Unsub",
+    "UnsubAck",
+    "Welcome",
+    "build_frame",
+    "decode_frame",
+    "encode_frame",
+    "unpack_body",
+]
+
+#: The protocol version this module speaks (HELLO.version / WELCOME.version).
+PROTOCOL_VERSION = 1
+#: The largest integer msgpack carries unsigned; ids and sequence numbers stay within it.
+U64_MAX = (1 << 64) - 1
+#: Publisher-assigned message ids are at most this many bytes of UTF-8.
+MAX_MSG_ID_BYTES = 256
+#: Nesting limit for free-form values (credentials, stats).
+MAX_NESTING = 16
+
+
+class Frame:
+    """Base class of all frames; ``TYPE`` is the wire ``type`` value."""
+
+    __slots__ = ()
+    TYPE: ClassVar[str]
+
+
+# -- field checks ----------------------------------------------------------------------------
+# Each raises LocalProtocolError(BAD_FRAME); decode_frame turns it into RemoteProtocolError.
+
+
+def _type_name(value: object) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def _fail(frame: Frame, name: str, problem: str, ref: int | None) -> NoReturn:
+    raise LocalProtocolError(ErrorCode.BAD_FRAME, f"{frame.TYPE} field {name!r} {problem}", ref=ref)
+
+
+def _wrong_type(frame: Frame, name: str, expected: str, value: object, ref: int | None) -> NoReturn:
+    _fail(frame, name, f"must be {expected}, got {_type_name(value)}", ref)
+
+
+def _encodable(text: str) -> bool:
+    """Lone surrogates cannot be sent as UTF-8; most strings are ASCII and skip the encode."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _uint(frame: Frame, name: str, ref: int | None = None, *, optional: bool = False) -> None:
+    value = getattr(frame, name)
+    if value is None and optional:
+        return
+    if type(value) is not int:  # exact: bool (and int subclasses such as IntEnum) refused
+        _wrong_type(frame, name, "int or None" if optional else "int", value, ref)
+    if not 0 <= value <= U64_MAX:
+        _fail(frame, name, f"must be in 0..2**64-1, got {value}", ref)
+
+
+def _bool(frame: Frame, name: str, ref: int | None = None) -> None:
+    value = getattr(frame, name)
+    if type(value) is not bool:
+        _wrong_type(frame, name, "bool", value, ref)
+
+
+def _str(frame: Frame, name: str, ref: int | None = None, *, optional: bool = False) -> None:
+    value = getattr(frame, name)
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        _wrong_type(frame, name, "str or None" if optional else "str", value, ref)
+    if not _encodable(value):
+        _fail(frame, name, "is not valid UTF-8 (lone surrogate)", ref)
+
+
+def _seconds(frame: Frame, name: str, *, optional: bool = False) -> None:
+    """A duration in seconds: finite, >= 0; ints are accepted and stored as float."""
+    value = getattr(frame, name)
+    if value is None and optional:
+        return
+    if type(value) is not float and type(value) is not int:
+        _wrong_type(frame, name, "float or None" if optional else "float", value, None)
+    if not (math.isfinite(value) and value >= 0):
+        _fail(frame, name, f"must be a finite number >= 0, got {value!r}", None)
+    object.__setattr__(frame, name, float(value))
+
+
+def _headers(frame: Frame, name: str, ref: int | None = None) -> None:
+    value = getattr(frame, name)
+    if value is None:
+        return
+    if type(value) is not dict:
+        _wrong_type(frame, name, "dict[str, str] or None", value, ref)
+    for key, item in value.items():
+        if not isinstance(key, str) or not _encodable(key):
+            _fail(frame, name, f"keys must be str, got {_type_name(key)}", ref)
+        if not isinstance(item, str) or not _encodable(item):
+            _fail(frame, name, f"values must be str, got {_type_name(item)} for {key!r}", ref)
+
+
+def _plain_problem(value: object, depth: int) -> str | None:
+    """Why ``value`` is not a plain msgpack value (one that round-trips unchanged), or None."""
+    if value is None or type(value) in (bool, float, bytes):
+        return None
+    if type(value) is int:
+        return None if -(1 << 63) <= value <= U64_MAX else f"integer {value} out of range"
+    if type(value) is str:
+        return None if _encodable(value) else "string with a lone surrogate"
+    if depth >= MAX_NESTING:
+        return f"nested deeper than {MAX_NESTING} levels"
+    if type(value) is list:
+        for item in value:
+            if (problem := _plain_problem(item, depth + 1)) is not None:
+                return problem
+        return None
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return f"map key of type {_type_name(key)} (keys must be str)"
+            if (problem := _plain_problem(item, depth + 1)) is not None:
+                return problem
+        return None
+    return f"value of type {_type_name(value)}"
+
+
+def _plain_map(frame: Frame, name: str, ref: int | None = None, *, optional: bool = False) -> None:
+    value = getattr(frame, name)
+    if value is None and optional:
+        return
+    if type(value) is not dict:
+        _wrong_type(frame, name, "dict or None" if optional else "dict", value, ref)
+    if (problem := _plain_problem(value, 0)) is not None:
+        _fail(frame, name, f"holds a {problem}", ref)
+
+
+def _payload(frame: Frame, name: str, ref: int | None = None) -> None:
+    value = getattr(frame, name)
+    if type(value) is not bytes:  # bytearray/memoryview would not round-trip as equal
+        _wrong_type(frame, name, "bytes", value, ref)
+
+
+def _msg_id(frame: Frame, name: str, ref: int | None = None, *, optional: bool = False) -> None:
+    _str(frame, name, ref, optional=optional)
+    value = getattr(frame, name)
+    if value is not None and len(value.encode("utf-8")) > MAX_MSG_ID_BYTES:
+        _fail(frame, name, f"must be at most {MAX_MSG_ID_BYTES} bytes of UTF-8", ref)
+
+
+def _topic(frame: Frame, name: str, ref: int | None = None) -> None:
+    _str(frame, name, ref)
+    try:
+        routing.validate_topic(getattr(frame, name))
+    except routing.TopicError as exc:
+        raise LocalProtocolError(ErrorCode.INVALID_TOPIC, str(exc), ref=ref) from None
+
+
+# -- frames ----------------------------------------------------------------------------------
+# In frames that carry a request id, the id is checked first, so every later error can name
+# the request in ``ref`` (that is how a refused SUB or PUB gets its ERROR with ``ref``).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello(Frame):
+    """Client -> server, first frame on a connection.
+
+    ``client_id`` None asks the server to assign one; ``durable`` keeps the session (filters
+    and last-acked position) after the connection ends; ``group`` names a shared group whose
+    members share one durable session; ``keepalive`` is the seconds the client intends to
+    leave between PINGs (None: no preference). The server checks version and credentials.
+    """
+
+    TYPE: ClassVar[str] = "HELLO"
+    version: int
+    client_id: str | None = None
+    durable: bool = False
+    group: str | None = None
+    credentials: dict[str, Any] | None = None
+    keepalive: float | None = None
+
+    def __post_init__(self) -> None:
+        _uint(self, "version")
+        _str(self, "client_id", optional=True)
+        _bool(self, "durable")
+        _str(self, "group", optional=True)
+        _plain_map(self, "credentials", optional=True)
+        _seconds(self, "keepalive", optional=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Welcome(Frame):
+    """Server -> client, the answer to HELLO; the connection is open after it.
+
+    ``client_id`` is the id in use (assigned if HELLO had none); ``session_present`` says a
+    durable session was resumed; ``max_frame`` is the largest frame body the server accepts;
+    ``keepalive`` is the seconds of silence after which the server closes (0: never).
+    """
+
+    TYPE: ClassVar[str] = "WELCOME"
+    version: int
+    client_id: str
+    server_id: str
+    session_present: bool = False
+    max_frame: int
+    keepalive: float
+
+    def __post_init__(self) -> None:
+        _uint(self, "version")
+        _str(self, "client_id")
+        _str(self, "server_id")
+        _bool(self, "session_present")
+        _uint(self, "max_frame")
+        if not 0 < self.max_frame < 1 << 32:
+            _fail(self, "max_frame", f"must be in 1..2**32-1, got {self.max_frame}", None)
+        _seconds(self, "keepalive")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sub(Frame):
+    """Client -> server: subscribe to ``filter`` (in ``dialect``: native or mqtt).
+
+    ``id`` is the request id echoed by SUBACK (or by ERROR's ``ref``). ``sync`` asks the
+    server to send SUBACK only once the subscription is in effect everywhere it routes from
+    (peer route tables included), so a PUB sent after SUBACK is guaranteed to be matched.
+    """
+
+    TYPE: ClassVar[str] = "SUB"
+    id: int
+    filter: str
+    dialect: str = routing.NATIVE
+    sync: bool = False
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+        ref = self.id
+        _str(self, "filter", ref)
+        _str(self, "dialect", ref)
+        _bool(self, "sync", ref)
+        try:
+            routing.parse_filter(self.filter, self.dialect)
+        except ValueError as exc:  # TopicError, or ValueError for an unknown dialect
+            raise LocalProtocolError(ErrorCode.INVALID_FILTER, str(exc), ref=ref) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubAck(Frame):
+    """Server -> client: SUB ``id`` succeeded; ``sub`` is the subscription id for MSG/UNSUB."""
+
+    TYPE: ClassVar[str] = "SUBACK"
+    id: int
+    sub: int
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+        _uint(self, "sub")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unsub(Frame):
+    """Client -> server: drop subscription ``sub``; ``id`` is the request id."""
+
+    TYPE: ClassVar[str] = "UNSUB"
+    id: int
+    sub: int
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+        _uint(self, "sub")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnsubAck(Frame):
+    """Server -> client: UNSUB ``id`` done."""
+
+    TYPE: ClassVar[str] = "UNSUBACK"
+    id: int
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pub(Frame):
+    """Client -> server: publish ``payload`` on ``topic``.
+
+    With ``id`` set the publisher asks for PUBACK(id) once the message is stored; without it
+    nothing is confirmed. ``msg_id`` (at most 256 bytes) lets the broker drop duplicates of a
+    message the publisher sends again, e.g. after a reconnect.
+    """
+
+    TYPE: ClassVar[str] = "PUB"
+    topic: str
+    payload: bytes
+    headers: dict[str, str] | None = None
+    id: int | None = None
+    msg_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _uint(self, "id", optional=True)
+        ref = self.id
+        _topic(self, "topic", ref)
+        _payload(self, "payload", ref)
+        _headers(self, "headers", ref)
+        _msg_id(self, "msg_id", ref, optional=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PubAck(Frame):
+    """Server -> client: the PUB with this ``id`` is stored."""
+
+    TYPE: ClassVar[str] = "PUBACK"
+    id: int
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Msg(Frame):
+    """Server -> client: a message for subscription ``sub``.
+
+    ``seq`` is the per-session sequence number that ACK refers to; ``msg_id`` identifies the
+    message (the publisher's, or one the broker assigned) so clients can drop redeliveries.
+    """
+
+    TYPE: ClassVar[str] = "MSG"
+    sub: int
+    seq: int
+    topic: str
+    payload: bytes
+    headers: dict[str, str] | None = None
+    msg_id: str
+
+    def __post_init__(self) -> None:
+        _uint(self, "sub")
+        _uint(self, "seq")
+        _topic(self, "topic")
+        _payload(self, "payload")
+        _headers(self, "headers")
+        _msg_id(self, "msg_id")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack(Frame):
+    """Client -> server: acknowledge delivery.
+
+    ``single`` False acknowledges every sequence number up to and including ``seq``
+    (cumulative, for ordinary sessions); True acknowledges only ``seq`` (shared groups, where
+    a member sees a subset of the sequence).
+    """
+
+    TYPE: ClassVar[str] = "ACK"
+    seq: int
+    single: bool = False
+
+    def __post_init__(self) -> None:
+        _uint(self, "seq")
+        _bool(self, "single")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ping(Frame):
+    """Either direction: are you there? Answered by PONG with the same ``id``."""
+
+    TYPE: ClassVar[str] = "PING"
+    id: int = 0
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pong(Frame):
+    """Either direction: the answer to PING ``id``."""
+
+    TYPE: ClassVar[str] = "PONG"
+    id: int = 0
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error(Frame):
+    """Either direction: ``code`` (an ErrorCode value) and a human-readable ``text``.
+
+    ``ref`` is the id of the refused request, if any. ``code`` is any string, so that codes
+    added by newer peers are received intact; whether the connection closes follows the code
+    (unknown codes close).
+    """
+
+    TYPE: ClassVar[str] = "ERROR"
+    code: str
+    text: str
+    ref: int | None = None
+
+    def __post_init__(self) -> None:
+        _str(self, "code")
+        if not self.code:
+            _fail(self, "code", "must not be empty", None)
+        _str(self, "text")
+        _uint(self, "ref", optional=True)
+
+    @classmethod
+    def from_exception(cls, exc: ProtocolError) -> Self:
+        """The ERROR frame that answers ``exc``."""
+        return cls(code=str(exc.code), text=exc.text, ref=exc.ref)
+
+    @property
+    def closes_connection(self) -> bool:
+        """Whether the sender closes the connection after this ERROR."""
+        return code_closes_connection(self.code)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stats(Frame):
+    """Client -> server: an operator asks for the broker's counters."""
+
+    TYPE: ClassVar[str] = "STATS"
+    id: int
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatsReply(Frame):
+    """Server -> client: counters for STATS ``id``, as a map of plain msgpack values."""
+
+    TYPE: ClassVar[str] = "STATS_REPLY"
+    id: int
+    stats: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+        _plain_map(self, "stats")
+
+
+# -- the type table ----------------------------------------------------------------------
+# Adding a frame (PEER_HELLO, ...): define the class above, list it here, give it rows in
+# broker/protocol_states.py and a section in docs/protocol.md.
+
+#: Wire ``type`` value -> frame class.
+FRAME_TYPES: Mapping[str, type[Frame]] = {
+    cls.TYPE: cls
+    for cls in (
+        Hello,
+        Welcome,
+        Sub,
+        SubAck,
+        Unsub,
+        UnsubAck,
+        Pub,
+        PubAck,
+        Msg,
+        Ack,
+        Ping,
+        Pong,
+        Error,
+        Stats,
+        StatsReply,
+    )
+}
+
+_MISSING: Any = object()
+
+# Per class: (field name, default or _MISSING), in declaration order; read once, used per frame.
+_FIELDS: dict[type[Frame], tuple[tuple[str, Any], ...]] = {
+    cls: tuple(
+        (f.name, _MISSING if f.default is dataclasses.MISSING else f.default)
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+    )
+    for cls in FRAME_TYPES.values()
+}
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """The msgpack body of ``frame`` (no length prefix; ``Connection.send`` adds it)."""
+    try:
+        fields = _FIELDS[type(frame)]
+    except KeyError:
+        raise LocalProtocolError(
+            ErrorCode.INTERNAL, f"not a frame: {type(frame).__name__}"
+        ) from None
+    wire: dict[str, Any] = {"type": frame.TYPE}
+    for name, _default in fields:
+        value = getattr(frame, name)
+        if value is not None:
+            wire[name] = value
+    return msgpack.packb(wire, use_bin_type=True)
+
+
+def unpack_body(body: bytes) -> tuple[type[Frame], dict[str, Any]]:
+    """Step one of decoding: the frame class and the raw map, before any field is checked.
+
+    Split out so that ``Connection`` can check the frame type against its state before it
+    looks at the fields (a PUB before HELLO is HELLO_REQUIRED, whatever its topic).
+    """
+    try:
+        wire = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise RemoteProtocolError(ErrorCode.BAD_FRAME, f"undecodable msgpack: {exc}") from None
+    if type(wire) is not dict:
+        raise RemoteProtocolError(
+            ErrorCode.BAD_FRAME, f"a frame must be a msgpack map, got {_type_name(wire)}"
+        )
+    wire_type = wire.get("type", _MISSING)
+    if wire_type is _MISSING:
+        raise RemoteProtocolError(ErrorCode.BAD_FRAME, "frame has no 'type' field")
+    if type(wire_type) is not str:
+        raise RemoteProtocolError(
+            ErrorCode.BAD_FRAME, f"frame field 'type' must be str, got {_type_name(wire_type)}"
+        )
+    cls = FRAME_TYPES.get(wire_type)
+    if cls is None:
+        raise RemoteProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown frame type {wire_type!r}")
+    return cls, wire
+
+
+def build_frame(cls: type[Frame], wire: Mapping[str, Any]) -> Frame:
+    """Step two of decoding: the frame, from its class and raw map; unknown keys are ignored."""
+    kwargs: dict[str, Any] = {}
+    for name, default in _FIELDS[cls]:
+        value = wire.get(name, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise RemoteProtocolError(
+                    ErrorCode.BAD_FRAME, f"{cls.TYPE} field {name!r} is missing"
+                )
+            continue
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except LocalProtocolError as exc:
+        # The peer built it, so it is the peer's fault (code, text and ref unchanged).
+        raise RemoteProtocolError(exc.code, exc.text, ref=exc.ref) from None
+
+
+def decode_frame(body: bytes) -> Frame:
+    """The frame in ``body`` (no length prefix); raises RemoteProtocolError if it is bad."""
+    cls, wire = unpack_body(body)
+    return build_frame(cls, wire)

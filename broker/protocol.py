@@ -1,0 +1,200 @@
+"""The wire protocol as one object: bytes in, frames out; frames in, bytes out.
+
+``Connection`` does no I/O (as h11's ``Connection``): the caller reads the socket and passes
+what it got to ``receive_data`` (``b""`` at EOF), then calls ``next_event`` until it returns
+``NEED_DATA``; to talk, it calls ``send`` and writes the bytes returned. So the whole protocol
+is tested without sockets, and the trio shell (broker/connection.py) stays thin::
+
+    while True:
+        try:
+            event = conn.next_event()
+        except RemoteProtocolError as exc:
+            await stream.send_all(conn.send(Error.from_exception(exc)))
+            if exc.closes_connection:
+                return
+            continue  # a refused request: the connection carries on
+        if event is NEED_DATA:
+            conn.receive_data(await stream.receive_some(RECEIVE_SIZE))
+        elif isinstance(event, ConnectionClosed):
+            return
+        else:
+            ...  # handle the frame
+
+The rules for which frame may go when are in broker/protocol_states.py; frames and their
+codec in broker/frames.py; the length prefix in broker/framebuffer.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final, Literal, NoReturn
+
+from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from broker.framebuffer import DEFAULT_MAX_FRAME, LENGTH_PREFIX, FrameBuffer
+from broker.frames import Frame, Welcome, build_frame, decode_frame, encode_frame, unpack_body
+from broker.protocol_states import (
+    CLOSED,
+    DISCARDING_STATES,
+    ERROR,
+    INITIAL_STATE,
+    Role,
+    State,
+    check_readable,
+    check_receive,
+    send_transition,
+    settle,
+)
+
+__all__ = [
+    "NEED_DATA",
+    "Connection",
+    "ConnectionClosed",
+    "Event",
+    "NeedData",
+    "Role",
+    "State",
+    "decode_frame",
+    "encode_frame",
+]
+
+
+class NeedData(Enum):
+    """The type of the ``NEED_DATA`` sentinel."""
+
+    NEED_DATA = "NEED_DATA"
+
+
+#: ``next_event`` has no whole frame yet: read the socket and call ``receive_data``.
+NEED_DATA: Final = NeedData.NEED_DATA
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosed:
+    """The peer closed its side (EOF) at a frame boundary; nothing more will arrive."""
+
+
+#: What ``next_event`` returns.
+Event = Frame | Literal[NeedData.NEED_DATA] | ConnectionClosed
+
+
+class Connection:
+    """One end of one connection, in the given ``role``; see the module docstring.
+
+    ``max_frame`` is the largest frame body we accept. ``peer_max_frame`` is the largest we
+    send: 1 MiB (the protocol default) until a client learns the server's from WELCOME; a
+    server may set it if it knows better.
+    """
+
+    def __init__(self, role: Role, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.role = Role(role)
+        self.state: State = INITIAL_STATE[self.role]
+        self.peer_max_frame = DEFAULT_MAX_FRAME
+        self._buffer = FrameBuffer(max_frame)
+        self._error: RemoteProtocolError | None = None
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.role.value} {self.state.value}>"
+
+    @property
+    def max_frame(self) -> int:
+        """The largest frame body this end accepts."""
+        return self._buffer.max_frame
+
+    @property
+    def error(self) -> RemoteProtocolError | None:
+        """The stream-level error that put the connection in ERROR, if any."""
+        return self._error
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as frames (at most one partial frame after
+        ``next_event`` returned NEED_DATA)."""
+        return self._buffer.buffered
+
+    def receive_data(self, data: bytes) -> None:
+        """Add bytes read from the peer; ``b""`` means EOF. Never raises for bad input:
+        ``next_event`` does. After EOF, more data is a LocalProtocolError."""
+        self._buffer.feed(data)
+
+    def next_event(self) -> Event:
+        """The next frame, ``NEED_DATA`` or ``ConnectionClosed()``; never blocks.
+
+        Raises RemoteProtocolError when the peer broke the protocol. If its code closes the
+        connection, the state becomes ERROR and every later call raises it again, until the
+        ERROR frame that answers it is sent (then CLOSING: input is dropped until EOF); if
+        not (a refused request such as INVALID_FILTER, with ``ref``), that frame is dropped
+        and the next call goes on with the following one.
+        """
+        if self.state is ERROR and self._error is not None:
+            raise self._error
+        check_readable(self.role, self.state)
+        while True:
+            if self.state is CLOSED:
+                return ConnectionClosed()
+            discarding = self.state in DISCARDING_STATES
+            try:
+                body = self._buffer.next_frame()
+            except RemoteProtocolError as exc:
+                if not discarding:
+                    self._fail(exc)
+                body = None  # closing anyway: a broken stream only means "wait for EOF"
+            if body is None:
+                if self._buffer.at_eof:
+                    self.state = CLOSED
+                    return ConnectionClosed()
+                return NEED_DATA
+            if discarding:
+                continue
+            return self._receive(body)
+
+    def _receive(self, body: bytes) -> Frame:
+        try:
+            frame_type, wire = unpack_body(body)
+            next_state = check_receive(self.role, self.state, frame_type)
+            frame = build_frame(frame_type, wire)
+        except RemoteProtocolError as exc:
+            if exc.closes_connection:
+                self._fail(exc)
+            raise
+        self.state = settle(frame, next_state)
+        if isinstance(frame, Welcome):
+            self.peer_max_frame = frame.max_frame
+        return frame
+
+    def _fail(self, exc: RemoteProtocolError) -> NoReturn:
+        self._error = exc
+        self.state = ERROR
+        raise exc
+
+    def send(self, frame: Frame) -> bytes:
+        """The bytes to write for ``frame`` (length prefix included).
+
+        Raises LocalProtocolError if this role may not send it now, or if it is larger than
+        ``peer_max_frame``; the state is unchanged then.
+        """
+        return self.send_many((frame,))
+
+    def send_many(self, frames: Iterable[Frame]) -> bytes:
+        """The bytes for several frames in one write; all of them are sent or none."""
+        state = self.state
+        out = bytearray()
+        for frame in frames:
+            state = send_transition(self.role, state, frame)
+            body = encode_frame(frame)
+            if len(body) > self.peer_max_frame:
+                raise LocalProtocolError(
+                    ErrorCode.FRAME_TOO_LARGE,
+                    f"{frame.TYPE} frame of {len(body)} bytes exceeds the peer's limit of "
+                    f"{self.peer_max_frame} bytes",
+                )
+            out += len(body).to_bytes(LENGTH_PREFIX, "big")
+            out += body
+        self.state = state
+        return bytes(out)
+
+    def send_failed(self) -> None:
+        """Call when writing failed or was cancelled halfway: the stream is unusable, and
+        the connection is CLOSED for both sending and receiving."""
+        self.state = CLOSED

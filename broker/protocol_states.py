@@ -1,0 +1,237 @@
+"""When each frame may be said: the connection state machine, as tables.
+
+Theory of operation
+-------------------
+A connection goes through phases that both ends name the same way, so that after every frame
+has been delivered the client's and the server's ``Connection`` are in the same state:
+
+    AWAIT_HELLO --HELLO--> AWAIT_WELCOME --WELCOME--> OPEN
+
+The client sends HELLO and the server receives it, and the other way round for WELCOME. In
+OPEN the client sends requests (SUB, UNSUB, PUB, ACK, STATS) and the server answers and
+delivers (SUBACK, UNSUBACK, PUBACK, MSG, STATS_REPLY); PING/PONG go both ways. The client does
+not pipeline requests behind HELLO: it waits for WELCOME, which tells it the server's frame
+limit. The server answers HELLO (WELCOME or ERROR) before it reads on, so it may not call
+``next_event`` in AWAIT_WELCOME; a client's early frames stay buffered meanwhile.
+
+ERROR may be sent by either end in every state before CLOSING. Its code decides what follows
+(``broker.errors.CLOSES_CONNECTION``): a request-level code (INVALID_FILTER, ...) leaves the
+state as it is; a stream-level code moves both ends to CLOSING, where nothing more may be sent
+and whatever still arrives is read and dropped until EOF (so the closing end can drain its
+socket and its ERROR is not lost to a TCP reset). EOF moves either end to CLOSED from any state.
+
+A frame received that the table does not allow is the peer's fault (``RemoteProtocolError``):
+HELLO_REQUIRED before HELLO, DUPLICATE_HELLO for a second HELLO, UNEXPECTED_FRAME otherwise. A
+frame sent that the table does not allow is ours (``LocalProtocolError``). When a received
+frame is refused with a stream-level code, ``Connection`` moves to ERROR, where ``next_event``
+keeps raising that error and the only frame that may be sent is the ERROR that answers it.
+
+Everything that affects transitions lives in this file (as h11's ``_state.py`` asks); the
+state table in docs/protocol.md is ``render_state_table()`` and a test keeps them equal. To
+add a role (PEER), add rows keyed by it; to add a frame, add it to the rows that allow it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from broker.frames import (
+    Ack,
+    Error,
+    Frame,
+    Hello,
+    Msg,
+    Ping,
+    Pong,
+    Pub,
+    PubAck,
+    Stats,
+    StatsReply,
+    Sub,
+    SubAck,
+    Unsub,
+    UnsubAck,
+    Welcome,
+)
+
+__all__ = [
+    "DISCARDING_STATES",
+    "INITIAL_STATE",
+    "RECEIVE",
+    "RECEIVE_REFUSALS",
+    "SEND",
+    "Role",
+    "State",
+    "check_readable",
+    "check_receive",
+    "render_state_table",
+    "send_transition",
+    "settle",
+]
+
+
+class Role(StrEnum):
+    """Which end of the connection a ``Connection`` plays."""
+
+    CLIENT = "CLIENT"
+    SERVER = "SERVER"
+
+
+class State(StrEnum):
+    """The phase of the conversation (the same name on both ends, see the module docstring)."""
+
+    AWAIT_HELLO = "AWAIT_HELLO"
+    AWAIT_WELCOME = "AWAIT_WELCOME"
+    OPEN = "OPEN"
+    CLOSING = "CLOSING"
+    CLOSED = "CLOSED"
+    ERROR = "ERROR"
+
+
+CLIENT, SERVER = Role.CLIENT, Role.SERVER
+AWAIT_HELLO, AWAIT_WELCOME, OPEN = State.AWAIT_HELLO, State.AWAIT_WELCOME, State.OPEN
+CLOSING, CLOSED, ERROR = State.CLOSING, State.CLOSED, State.ERROR
+
+#: Where a new connection starts.
+INITIAL_STATE: Mapping[Role, State] = {CLIENT: AWAIT_HELLO, SERVER: AWAIT_HELLO}
+
+_CLIENT_REQUESTS = (Sub, Unsub, Pub, Ack, Ping, Pong, Stats, Error)
+_SERVER_REPLIES = (SubAck, UnsubAck, PubAck, Msg, Ping, Pong, StatsReply, Error)
+
+
+def _stay(state: State, *frames: type[Frame]) -> dict[type[Frame], State]:
+    return dict.fromkeys(frames, state)
+
+
+#: (role, state) -> frame type this role may send -> next state. A missing row: send nothing.
+SEND: Mapping[tuple[Role, State], Mapping[type[Frame], State]] = {
+    (CLIENT, AWAIT_HELLO): {Hello: AWAIT_WELCOME, Error: AWAIT_HELLO},
+    (CLIENT, AWAIT_WELCOME): {Error: AWAIT_WELCOME},
+    (CLIENT, OPEN): _stay(OPEN, *_CLIENT_REQUESTS),
+    (CLIENT, ERROR): {Error: ERROR},
+    (SERVER, AWAIT_HELLO): {Error: AWAIT_HELLO},
+    (SERVER, AWAIT_WELCOME): {Welcome: OPEN, Error: AWAIT_WELCOME},
+    (SERVER, OPEN): _stay(OPEN, *_SERVER_REPLIES),
+    (SERVER, ERROR): {Error: ERROR},
+}
+
+#: (role, state) -> frame type this role may receive -> next state. A missing row: this role
+#: may not read in that state (CLOSING and CLOSED are handled by ``Connection`` itself).
+RECEIVE: Mapping[tuple[Role, State], Mapping[type[Frame], State]] = {
+    (CLIENT, AWAIT_HELLO): {Error: AWAIT_HELLO},
+    (CLIENT, AWAIT_WELCOME): {Welcome: OPEN, Error: AWAIT_WELCOME},
+    (CLIENT, OPEN): _stay(OPEN, *_SERVER_REPLIES),
+    (SERVER, AWAIT_HELLO): {Hello: AWAIT_WELCOME},
+    (SERVER, OPEN): _stay(OPEN, *_CLIENT_REQUESTS),
+}
+
+#: Codes for received frames the table refuses: (role, state, frame type or None for any
+#: other type) -> code. Refusals not listed here are UNEXPECTED_FRAME.
+RECEIVE_REFUSALS: Mapping[tuple[Role, State, type[Frame] | None], ErrorCode] = {
+    (SERVER, AWAIT_HELLO, None): ErrorCode.HELLO_REQUIRED,
+    (SERVER, OPEN, Hello): ErrorCode.DUPLICATE_HELLO,
+}
+
+#: States in which received frames are read and dropped, undecoded, until EOF; framing
+#: errors are ignored there too, since nobody would answer them.
+DISCARDING_STATES: frozenset[State] = frozenset({CLOSING})
+# States whose reading rules are not in RECEIVE: ERROR re-raises, CLOSED returns EOF.
+_READ_ELSEWHERE: frozenset[State] = DISCARDING_STATES | {CLOSED, ERROR}
+
+
+def send_transition(role: Role, state: State, frame: Frame) -> State:
+    """The state after ``role`` sends ``frame`` in ``state``; LocalProtocolError if it may not."""
+    next_state = SEND.get((role, state), {}).get(type(frame))
+    if next_state is None:
+        name = getattr(type(frame), "TYPE", type(frame).__name__)
+        raise LocalProtocolError(
+            ErrorCode.INTERNAL, f"a {role.value} may not send {name} in state {state.value}"
+        )
+    return settle(frame, next_state)
+
+
+def check_readable(role: Role, state: State) -> None:
+    """LocalProtocolError if ``role`` may not read frames in ``state`` (the server between
+    HELLO and its answer); checked before a frame is taken from the buffer, so none is lost."""
+    if (role, state) not in RECEIVE and state not in _READ_ELSEWHERE:
+        raise LocalProtocolError(
+            ErrorCode.INTERNAL, f"a {role.value} may not read frames in state {state.value}"
+        )
+
+
+def check_receive(role: Role, state: State, frame_type: type[Frame]) -> State:
+    """The state after ``role`` receives a ``frame_type`` in ``state``, before ``settle``.
+
+    Called before the frame's fields are checked, so a refused frame is refused for its type
+    whatever its contents (PUB before HELLO is HELLO_REQUIRED even with a bad topic).
+    """
+    check_readable(role, state)
+    next_state = RECEIVE[role, state].get(frame_type)
+    if next_state is not None:
+        return next_state
+    code = RECEIVE_REFUSALS.get((role, state, frame_type)) or RECEIVE_REFUSALS.get(
+        (role, state, None), ErrorCode.UNEXPECTED_FRAME
+    )
+    raise RemoteProtocolError(
+        code, f"a {role.value} does not accept {frame_type.TYPE} in state {state.value}"
+    )
+
+
+def settle(frame: Frame, next_state: State) -> State:
+    """Apply the ERROR rule: an ERROR whose code closes the connection leads to CLOSING."""
+    if isinstance(frame, Error) and frame.closes_connection:
+        return CLOSING
+    return next_state
+
+
+def _describe(row: Mapping[type[Frame], State], state: State) -> str:
+    parts = []
+    for frame_type, next_state in row.items():
+        if frame_type is Error:
+            parts.append("ERROR†")
+        elif next_state is state:
+            parts.append(frame_type.TYPE)
+        else:
+            parts.append(f"{frame_type.TYPE} → {next_state.value}")
+    return ", ".join(parts) if parts else "nothing"
+
+
+def render_state_table() -> str:
+    """The state table as markdown; docs/protocol.md must contain exactly this text."""
+    lines = [
+        "| role | state | may send | may receive | other frames received |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for role in Role:
+        for state in State:
+            send_row = SEND.get((role, state), {})
+            receive_row = RECEIVE.get((role, state))
+            if state in DISCARDING_STATES:
+                receive = "anything, dropped unread; EOF → CLOSED"
+                refused = "-"
+            elif state is CLOSED:
+                receive = "nothing (EOF seen)"
+                refused = "-"
+            elif state is ERROR:
+                receive = "nothing: `next_event` raises the error again"
+                refused = "-"
+            elif receive_row is None:
+                receive = "nothing: answer HELLO first (`next_event` is a local error)"
+                refused = "-"
+            else:
+                receive = _describe(receive_row, state)
+                default = RECEIVE_REFUSALS.get((role, state, None), ErrorCode.UNEXPECTED_FRAME)
+                specific = [
+                    f"{frame_type.TYPE}: {code.value}"
+                    for (r, s, frame_type), code in RECEIVE_REFUSALS.items()
+                    if r is role and s is state and frame_type is not None
+                ]
+                refused = ", ".join([*specific, f"others: {default.value}"])
+            lines.append(
+                f"| {role.value} | {state.value} | {_describe(send_row, state)} "
+                f"| {receive} | {refused} |"
+            )
+    lines += ["", "† ERROR leaves the state as it is, except that a closing code leads to CLOSING."]
+    return "\n".join(lines) + "\n"

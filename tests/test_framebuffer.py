@@ -1,0 +1,179 @@
+"""FrameBuffer: cutting a byte stream into length-prefixed bodies, with the limit up front."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from broker.framebuffer import COMPACT_AT, MAX_LENGTH, FrameBuffer, add_length_prefix
+from tests.helpers import CHUNKING_NAMES, TRAILING, chunked, splits
+
+
+def prefixed(body: bytes) -> bytes:
+    return add_length_prefix(body)
+
+
+def collect(buf: FrameBuffer, chunks: list[bytes]) -> list[bytes]:
+    """Feed each chunk and take every whole body available after it."""
+    bodies = []
+    for chunk in chunks:
+        buf.feed(chunk)
+        while (body := buf.next_frame()) is not None:
+            bodies.append(body)
+    return bodies
+
+
+@pytest.mark.parametrize("chunking", CHUNKING_NAMES)
+def test_one_frame_comes_out_whole_however_it_is_fed(chunking: str) -> None:
+    buf = FrameBuffer()
+    assert collect(buf, chunked(chunking, prefixed(b"hello"))) == [b"hello"]
+    assert buf.buffered == (len(TRAILING) if chunking == "trailing" else 0)
+
+
+@pytest.mark.parametrize("chunking", CHUNKING_NAMES)
+def test_several_frames_come_out_in_order(chunking: str) -> None:
+    data = prefixed(b"a") + prefixed(b"bb" * 100) + prefixed(b"c")
+    assert collect(FrameBuffer(), chunked(chunking, data)) == [b"a", b"bb" * 100, b"c"]
+
+
+def test_next_frame_returns_none_until_the_body_is_complete() -> None:
+    buf = FrameBuffer()
+    data = prefixed(b"abcdef")
+    for i in range(len(data) - 1):
+        buf.feed(data[i : i + 1])
+        assert buf.next_frame() is None
+    buf.feed(data[-1:])
+    assert buf.next_frame() == b"abcdef"
+    assert buf.next_frame() is None
+
+
+def test_frame_over_limit_is_rejected_before_its_body_is_buffered() -> None:
+    buf = FrameBuffer(max_frame=100)
+    buf.feed((101).to_bytes(4, "big"))  # only the header: no body byte has arrived
+    with pytest.raises(RemoteProtocolError) as info:
+        buf.next_frame()
+    assert info.value.code == ErrorCode.FRAME_TOO_LARGE
+    assert "101" in info.value.text
+    assert buf.buffered == 0
+
+
+def test_frame_over_limit_is_rejected_one_byte_at_a_time() -> None:
+    buf = FrameBuffer(max_frame=100)
+    header = (1 << 31).to_bytes(4, "big")
+    for byte in header[:3]:
+        buf.feed(bytes([byte]))
+        assert buf.next_frame() is None
+    buf.feed(header[3:])
+    with pytest.raises(RemoteProtocolError, match="exceeds the limit"):
+        buf.next_frame()
+
+
+def test_body_bytes_after_an_oversized_header_are_never_kept() -> None:
+    buf = FrameBuffer(max_frame=100)
+    buf.feed((1000).to_bytes(4, "big") + b"x" * 500)
+    assert buf.buffered == 0
+    buf.feed(b"x" * 500)  # the buffer refuses further data
+    assert buf.buffered == 0
+    for _ in range(2):  # and the error stays
+        with pytest.raises(RemoteProtocolError, match="exceeds"):
+            buf.next_frame()
+
+
+def test_frames_before_an_oversized_one_are_still_delivered() -> None:
+    buf = FrameBuffer(max_frame=100)
+    buf.feed(prefixed(b"ok") + (101).to_bytes(4, "big") + b"y" * 50)
+    assert buf.next_frame() == b"ok"
+    with pytest.raises(RemoteProtocolError) as info:
+        buf.next_frame()
+    assert info.value.code == ErrorCode.FRAME_TOO_LARGE
+
+
+@pytest.mark.parametrize("chunking", CHUNKING_NAMES)
+def test_frame_of_exactly_max_frame_is_accepted(chunking: str) -> None:
+    body = bytes(range(256)) * 4
+    assert collect(FrameBuffer(max_frame=1024), chunked(chunking, prefixed(body))) == [body]
+
+
+@pytest.mark.parametrize("chunking", CHUNKING_NAMES)
+def test_zero_length_frame_is_bad_frame(chunking: str) -> None:
+    buf = FrameBuffer()
+    with pytest.raises(RemoteProtocolError) as info:
+        collect(buf, chunked(chunking, b"\x00\x00\x00\x00"))
+    assert info.value.code == ErrorCode.BAD_FRAME
+    assert "zero-length" in info.value.text
+
+
+def test_clean_eof_at_a_frame_boundary_is_not_an_error() -> None:
+    buf = FrameBuffer()
+    buf.feed(prefixed(b"x"))
+    buf.feed(b"")
+    assert buf.at_eof
+    assert buf.next_frame() == b"x"
+    assert buf.next_frame() is None
+
+
+@pytest.mark.parametrize("cut", [1, 3, 4, 6])
+def test_eof_mid_frame_is_bad_frame(cut: int) -> None:
+    buf = FrameBuffer()
+    buf.feed(prefixed(b"abcdef")[:cut])
+    assert buf.next_frame() is None
+    buf.feed(b"")
+    for _ in range(2):
+        with pytest.raises(RemoteProtocolError, match="connection closed mid-frame") as info:
+            buf.next_frame()
+        assert info.value.code == ErrorCode.BAD_FRAME
+
+
+def test_data_after_eof_is_a_local_error() -> None:
+    buf = FrameBuffer()
+    buf.feed(b"")
+    buf.feed(b"")  # repeating EOF is harmless
+    with pytest.raises(LocalProtocolError):
+        buf.feed(b"x")
+
+
+def test_consumed_bytes_are_released_as_frames_are_taken() -> None:
+    buf = FrameBuffer()
+    frame = prefixed(b"z" * 1000)
+    stream = frame * 1500
+    size = 64 * len(frame) + 500  # chunks end mid-frame, so the buffer never empties fully
+    taken = 0
+    for i in range(0, len(stream), size):
+        chunk = stream[i : i + size]
+        buf.feed(chunk)
+        while buf.next_frame() is not None:
+            taken += 1
+        # Consumed bytes are dropped once they are most of the buffer: it stays near one chunk.
+        assert len(buf._data) <= size + COMPACT_AT + len(frame)
+    assert taken == 1500
+    assert buf.buffered == 0
+
+
+def test_max_frame_must_fit_the_length_prefix() -> None:
+    with pytest.raises(ValueError):
+        FrameBuffer(max_frame=MAX_LENGTH + 1)
+    with pytest.raises(ValueError):
+        FrameBuffer(max_frame=0)
+    with pytest.raises(TypeError):
+        FrameBuffer(max_frame=True)
+
+
+def test_add_length_prefix_refuses_an_empty_body() -> None:
+    assert add_length_prefix(b"ab") == b"\x00\x00\x00\x02ab"
+    with pytest.raises(LocalProtocolError):
+        add_length_prefix(b"")
+
+
+@settings(deadline=None)
+@given(bodies=st.lists(st.binary(min_size=1, max_size=40), max_size=6), data=st.data())
+def test_any_split_of_a_stream_yields_the_same_bodies(
+    bodies: list[bytes], data: st.DataObject
+) -> None:
+    stream = b"".join(prefixed(body) for body in bodies)
+    chunks = data.draw(splits(stream)) if stream else []
+    buf = FrameBuffer(max_frame=40)
+    assert collect(buf, chunks) == bodies
+    buf.feed(b"")
+    assert buf.next_frame() is None

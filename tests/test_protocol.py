@@ -1,0 +1,537 @@
+"""Connection: the sans-IO facade, its state table, and the docs generated from it."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import random
+import re
+from pathlib import Path
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, render_error_table
+from broker.frames import (
+    FRAME_TYPES,
+    Ack,
+    Error,
+    Frame,
+    Hello,
+    Msg,
+    Ping,
+    Pong,
+    Pub,
+    PubAck,
+    Stats,
+    StatsReply,
+    Sub,
+    SubAck,
+    Unsub,
+    UnsubAck,
+    decode_frame,
+    encode_frame,
+)
+from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role, State
+from broker.protocol_states import RECEIVE, SEND, render_state_table
+from tests.helpers import (
+    CHUNKING_NAMES,
+    CLIENT_FRAMES,
+    DEFAULT_HELLO,
+    DEFAULT_WELCOME,
+    SERVER_FRAMES,
+    TRAILING,
+    ProtocolPair,
+    chunked,
+    drain,
+    feed,
+    framed,
+    open_client,
+    open_server,
+    splits,
+    wire,
+)
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
+
+
+# -- conversations through a ProtocolPair -------------------------------------------------
+
+
+@pytest.mark.parametrize("chunking", ["whole", "bytewise"])
+def test_handshake_opens_both_ends(chunking: str) -> None:
+    pair = ProtocolPair()
+    assert pair.client.state is pair.server.state is State.AWAIT_HELLO
+    pair.client_sends(DEFAULT_HELLO, chunking=chunking)
+    assert pair.server.state is State.AWAIT_WELCOME
+    pair.server_sends(DEFAULT_WELCOME, chunking=chunking)
+    assert pair.client.state is pair.server.state is State.OPEN
+
+
+@pytest.mark.parametrize("chunking", ["whole", "bytewise"])
+def test_a_whole_session_passes_through_unchanged(chunking: str) -> None:
+    pair = ProtocolPair()
+    pair.handshake()
+    pair.client_sends(Sub(id=1, filter="beacon/eu/>"), chunking=chunking)
+    pair.server_sends(SubAck(id=1, sub=10), chunking=chunking)
+    pair.client_sends(
+        Pub(topic="beacon/eu/de", payload=b"\x00\x01", headers={"k": "v"}, id=2, msg_id="m"),
+        chunking=chunking,
+    )
+    pair.server_sends(
+        PubAck(id=2),
+        Msg(sub=10, seq=1, topic="beacon/eu/de", payload=b"\x00\x01", msg_id="m"),
+        chunking=chunking,
+    )
+    pair.client_sends(Ack(seq=1), Ping(id=5), chunking=chunking)
+    pair.server_sends(Pong(id=5), Ping(id=6), chunking=chunking)
+    pair.client_sends(Pong(id=6), Stats(id=3), chunking=chunking)
+    pair.server_sends(StatsReply(id=3, stats={"connections": 1}), chunking=chunking)
+    pair.client_sends(Unsub(id=4, sub=10), chunking=chunking)
+    pair.server_sends(UnsubAck(id=4), chunking=chunking)
+    pair.close(Role.CLIENT)
+
+
+def test_request_level_error_keeps_both_ends_open() -> None:
+    pair = ProtocolPair()
+    pair.handshake()
+    pair.server_sends(Error(code=ErrorCode.UNKNOWN_SUBSCRIPTION, text="no sub 9", ref=4))
+    assert pair.client.state is pair.server.state is State.OPEN
+    pair.client_sends(Ping())
+
+
+def test_stream_level_error_moves_both_ends_to_closing() -> None:
+    pair = ProtocolPair()
+    pair.handshake()
+    pair.server_sends(Error(code=ErrorCode.SLOW_CONSUMER, text="queue full"))
+    assert pair.client.state is pair.server.state is State.CLOSING
+    with pytest.raises(LocalProtocolError, match="SERVER may not send MSG in state CLOSING"):
+        pair.server.send(Msg(sub=1, seq=1, topic="a", payload=b"", msg_id="m"))
+    with pytest.raises(LocalProtocolError, match="CLIENT may not send ACK in state CLOSING"):
+        pair.client.send(Ack(seq=1))
+
+
+def test_closing_end_drops_what_still_arrives_until_eof() -> None:
+    server = open_server()
+    server.send(Error(code=ErrorCode.SHUTTING_DOWN, text="bye"))
+    server.receive_data(framed(Pub(topic="a", payload=b"in flight")) + b"\xc1garbage")
+    assert server.next_event() is NEED_DATA
+    server.receive_data(b"")
+    assert isinstance(server.next_event(), ConnectionClosed)
+
+
+def test_auth_failure_before_welcome_closes() -> None:
+    pair = ProtocolPair()
+    pair.client_sends(DEFAULT_HELLO)
+    pair.server_sends(Error(code=ErrorCode.AUTH_FAILED, text="nope"))
+    assert pair.client.state is State.CLOSING
+
+
+def test_server_may_refuse_before_hello_arrives() -> None:
+    pair = ProtocolPair()
+    pair.server_sends(Error(code=ErrorCode.SHUTTING_DOWN, text="draining"))
+    assert pair.client.state is pair.server.state is State.CLOSING
+
+
+def test_clean_eof_is_connection_closed_every_time() -> None:
+    server = open_server()
+    server.receive_data(b"")
+    for _ in range(3):
+        assert isinstance(server.next_event(), ConnectionClosed)
+    assert server.state is State.CLOSED
+    with pytest.raises(LocalProtocolError):
+        server.send(Ping())
+
+
+def test_data_after_eof_is_a_local_error() -> None:
+    server = open_server()
+    server.receive_data(b"")
+    with pytest.raises(LocalProtocolError):
+        server.receive_data(b"x")
+
+
+def test_send_failed_closes_the_connection() -> None:
+    client = open_client()
+    client.send_failed()
+    assert client.state is State.CLOSED
+    with pytest.raises(LocalProtocolError):
+        client.send(Ping())
+    assert isinstance(client.next_event(), ConnectionClosed)
+
+
+# -- decoding errors, each fed whole, byte by byte and with trailing bytes -------------------
+
+
+def assert_sticky(conn: Connection, code: ErrorCode) -> None:
+    """After a stream-level error the state is ERROR and next_event raises it again."""
+    assert conn.state is State.ERROR
+    assert conn.error is not None and conn.error.code == code
+    with pytest.raises(RemoteProtocolError) as info:
+        conn.next_event()
+    assert info.value is conn.error
+
+
+@pytest.mark.parametrize("chunking", CHUNKING_NAMES)
+def test_garbage_bytes_are_bad_frame_and_the_error_sticks(chunking: str) -> None:
+    server = open_server()
+    with pytest.raises(RemoteProtocolError) as info:
+        feed(server, chunked(chunking, b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1"))
+    assert info.value.code == ErrorCode.BAD_FRAME
+    assert_sticky(server, ErrorCode.BAD_FRAME)
+    # The one thing still allowed is the ERROR frame that answers it; then input is
+    # dropped until EOF, so the server can close gracefully.
+    with pytest.raises(LocalProtocolError):
+        server.send(Ping())
+    server.send(Error.from_exception(info.value))
+    assert server.state is State.CLOSING
+    server.receive_data(b"more garbage")
+    assert server.next_event() is NEED_DATA
+    server.receive_data(b"")
+    assert isinstance(server.next_event(), ConnectionClosed)
+
+
+# No "trailing" variant: bytes after a truncated frame would be part of it.
+@pytest.mark.parametrize("chunking", ["whole", "bytewise"])
+def test_truncated_frame_at_eof_is_bad_frame(chunking: str) -> None:
+    server = open_server()
+    data = framed(Pub(topic="a/b", payload=b"x" * 20))[:-3]
+    feed(server, chunked(chunking, data))
+    server.receive_data(b"")
+    with pytest.raises(RemoteProtocolError, match="connection closed mid-frame") as info:
+        server.next_event()
+    assert info.value.code == ErrorCode.BAD_FRAME
+    assert_sticky(server, ErrorCode.BAD_FRAME)
+
+
+def test_frame_over_limit_is_rejected_before_its_body_is_buffered() -> None:
+    server = open_server(max_frame=1000)
+    server.receive_data((1001).to_bytes(4, "big"))  # just the header
+    with pytest.raises(RemoteProtocolError) as info:
+        server.next_event()
+    assert info.value.code == ErrorCode.FRAME_TOO_LARGE
+    assert server.buffered == 0
+    server.receive_data(b"x" * 1001)  # the body, should it come, is not kept
+    assert server.buffered == 0
+    assert_sticky(server, ErrorCode.FRAME_TOO_LARGE)
+
+
+@pytest.mark.parametrize("chunking", CHUNKING_NAMES)
+def test_unknown_frame_type_is_rejected(chunking: str) -> None:
+    server = open_server()
+    with pytest.raises(RemoteProtocolError) as info:
+        feed(server, chunked(chunking, wire({"type": "PEER_HELLO", "id": "b2"})))
+    assert info.value.code == ErrorCode.UNKNOWN_TYPE
+    assert_sticky(server, ErrorCode.UNKNOWN_TYPE)
+
+
+@pytest.mark.parametrize("chunking", CHUNKING_NAMES)
+def test_pub_before_hello_is_hello_required_whatever_its_contents(chunking: str) -> None:
+    for pub in (
+        framed(Pub(topic="a", payload=b"x")),
+        wire({"type": "PUB", "topic": "a//b", "payload": "not bytes"}),
+    ):
+        server = Connection(Role.SERVER)
+        with pytest.raises(RemoteProtocolError) as info:
+            feed(server, chunked(chunking, pub))
+        assert info.value.code == ErrorCode.HELLO_REQUIRED
+        assert info.value.closes_connection
+        assert_sticky(server, ErrorCode.HELLO_REQUIRED)
+
+
+@pytest.mark.parametrize("chunking", CHUNKING_NAMES)
+def test_second_hello_is_duplicate_hello(chunking: str) -> None:
+    server = open_server()
+    with pytest.raises(RemoteProtocolError) as info:
+        feed(server, chunked(chunking, framed(DEFAULT_HELLO)))
+    assert info.value.code == ErrorCode.DUPLICATE_HELLO
+    assert_sticky(server, ErrorCode.DUPLICATE_HELLO)
+
+
+@pytest.mark.parametrize("chunking", CHUNKING_NAMES)
+def test_invalid_topic_in_pub_is_refused_with_ref_and_the_connection_goes_on(
+    chunking: str,
+) -> None:
+    server = open_server()
+    bad = wire({"type": "PUB", "topic": "a/*", "payload": b"x", "id": 12})
+    good = framed(Pub(topic="a/b", payload=b"y", id=13))
+    server.receive_data(b"".join(chunked(chunking, bad + good)))
+    with pytest.raises(RemoteProtocolError) as info:
+        server.next_event()
+    assert (info.value.code, info.value.ref) == (ErrorCode.INVALID_TOPIC, 12)
+    assert server.state is State.OPEN and server.error is None
+    server.send(Error.from_exception(info.value))
+    assert server.state is State.OPEN
+    assert server.next_event() == Pub(topic="a/b", payload=b"y", id=13)
+    assert server.next_event() is NEED_DATA
+    assert server.buffered == (len(TRAILING) if chunking == "trailing" else 0)
+
+
+@pytest.mark.parametrize("chunking", CHUNKING_NAMES)
+def test_invalid_filter_in_sub_is_refused_with_ref_and_the_connection_goes_on(
+    chunking: str,
+) -> None:
+    server = open_server()
+    data = wire({"type": "SUB", "id": 8, "filter": "a/>/b"}) + framed(Ping(id=1))
+    events: list[object] = []
+    errors: list[RemoteProtocolError] = []
+    for chunk in chunked(chunking, data):
+        server.receive_data(chunk)
+        while True:
+            try:
+                event = server.next_event()
+            except RemoteProtocolError as exc:
+                errors.append(exc)
+                continue
+            if event is NEED_DATA:
+                break
+            events.append(event)
+    assert [(e.code, e.ref) for e in errors] == [(ErrorCode.INVALID_FILTER, 8)]
+    assert events == [Ping(id=1)]
+
+
+def test_frame_a_client_may_not_send_is_unexpected_frame() -> None:
+    server = open_server()
+    server.receive_data(framed(PubAck(id=1)))
+    with pytest.raises(RemoteProtocolError) as info:
+        server.next_event()
+    assert info.value.code == ErrorCode.UNEXPECTED_FRAME
+    assert "SERVER does not accept PUBACK in state OPEN" in info.value.text
+
+
+def test_client_refuses_frames_before_welcome() -> None:
+    client = Connection(Role.CLIENT)
+    client.send(DEFAULT_HELLO)
+    client.receive_data(framed(Msg(sub=1, seq=1, topic="a", payload=b"", msg_id="m")))
+    with pytest.raises(RemoteProtocolError) as info:
+        client.next_event()
+    assert info.value.code == ErrorCode.UNEXPECTED_FRAME
+
+
+# -- local misuse ----------------------------------------------------------------------------
+
+
+def test_server_must_answer_hello_before_reading_on() -> None:
+    server = Connection(Role.SERVER)
+    server.receive_data(framed(DEFAULT_HELLO) + framed(Ping()))
+    assert server.next_event() == DEFAULT_HELLO
+    with pytest.raises(LocalProtocolError, match="may not read"):
+        server.next_event()
+    server.send(DEFAULT_WELCOME)
+    assert server.next_event() == Ping()  # the early frame waited in the buffer
+
+
+def test_client_may_not_send_requests_before_welcome() -> None:
+    client = Connection(Role.CLIENT)
+    with pytest.raises(LocalProtocolError):
+        client.send(Sub(id=1, filter="a"))
+    client.send(DEFAULT_HELLO)
+    with pytest.raises(LocalProtocolError, match="CLIENT may not send SUB in state AWAIT_WELCOME"):
+        client.send(Sub(id=1, filter="a"))
+    assert client.state is State.AWAIT_WELCOME
+
+
+def test_server_may_not_send_messages_before_welcome() -> None:
+    server = Connection(Role.SERVER)
+    with pytest.raises(LocalProtocolError):
+        server.send(Msg(sub=1, seq=1, topic="a", payload=b"", msg_id="m"))
+    with pytest.raises(LocalProtocolError):
+        server.send(DEFAULT_WELCOME)  # no HELLO yet
+
+
+def test_send_many_is_all_or_nothing() -> None:
+    server = Connection(Role.SERVER)
+    server.receive_data(framed(DEFAULT_HELLO))
+    server.next_event()
+    with pytest.raises(LocalProtocolError):
+        server.send_many([DEFAULT_WELCOME, PubAck(id=1), DEFAULT_WELCOME])
+    assert server.state is State.AWAIT_WELCOME
+    data = server.send_many([DEFAULT_WELCOME, PubAck(id=1)])
+    assert data == framed(DEFAULT_WELCOME) + framed(PubAck(id=1))
+    assert server.state is State.OPEN
+
+
+def test_client_learns_the_servers_frame_limit_from_welcome() -> None:
+    client = Connection(Role.CLIENT)
+    client.send(DEFAULT_HELLO)
+    client.receive_data(framed(dataclasses.replace(DEFAULT_WELCOME, max_frame=100)))
+    client.next_event()
+    assert client.peer_max_frame == 100
+    client.send(Pub(topic="a", payload=b"x" * 50))
+    with pytest.raises(LocalProtocolError) as info:
+        client.send(Pub(topic="a", payload=b"x" * 100))
+    assert info.value.code == ErrorCode.FRAME_TOO_LARGE
+    assert client.state is State.OPEN
+
+
+def test_sending_something_that_is_not_a_frame_is_a_local_error() -> None:
+    client = open_client()
+    with pytest.raises(LocalProtocolError):
+        client.send(object())  # type: ignore[arg-type]
+
+
+# -- the table and the docs ------------------------------------------------------------------
+
+
+def test_every_frame_type_can_be_sent_and_received_somewhere() -> None:
+    sendable = {t for row in SEND.values() for t in row}
+    receivable = {t for row in RECEIVE.values() for t in row}
+    assert sendable == receivable == set(FRAME_TYPES.values())
+
+
+def test_docs_contain_exactly_the_rendered_state_table() -> None:
+    assert render_state_table() in DOCS.read_text(encoding="utf-8")
+
+
+def test_docs_contain_exactly_the_rendered_error_table() -> None:
+    assert render_error_table() in DOCS.read_text(encoding="utf-8")
+
+
+def frame_section(text: str, wire_type: str) -> str:
+    """The docs section "### <wire_type>", up to the next heading."""
+    parts = text.split(f"\n### {wire_type}\n", 1)
+    assert len(parts) == 2, f"no section for {wire_type}"
+    return re.split(r"\n##+ ", parts[1], maxsplit=1)[0]
+
+
+def test_docs_describe_every_frame_and_field() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    for wire_type, cls in FRAME_TYPES.items():
+        section = frame_section(text, wire_type)
+        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+            assert f"| `{field.name}` |" in section, (wire_type, field.name)
+
+
+def test_docs_examples_are_valid_frames_of_their_section() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    for wire_type in FRAME_TYPES:
+        blocks = re.findall(r"```python\n(.*?)```", frame_section(text, wire_type), re.S)
+        assert blocks, f"no example for {wire_type}"
+        for block in blocks:
+            for node in ast.parse(block).body:
+                assert isinstance(node, ast.Expr)
+                example = ast.literal_eval(node.value)
+                frame = decode_frame(msgpack.packb(example, use_bin_type=True))
+                assert wire_type == frame.TYPE
+
+
+# -- properties ------------------------------------------------------------------------------
+
+
+@settings(deadline=None)
+@given(frames=st.lists(CLIENT_FRAMES, min_size=1, max_size=5), data=st.data())
+def test_client_frames_reach_the_server_unchanged_for_any_split(
+    frames: list[Frame], data: st.DataObject
+) -> None:
+    client, server = open_client(), open_server()
+    stream = client.send_many(frames)
+    received = feed(server, data.draw(splits(stream)))
+    assert received == frames
+
+
+@settings(deadline=None)
+@given(frames=st.lists(SERVER_FRAMES, min_size=1, max_size=5), data=st.data())
+def test_server_frames_reach_the_client_unchanged_for_any_split(
+    frames: list[Frame], data: st.DataObject
+) -> None:
+    client, server = open_client(), open_server()
+    stream = server.send_many(frames)
+    received = feed(client, data.draw(splits(stream)))
+    assert received == frames
+
+
+FUZZ_MAX_FRAME = 120  # small, so that mutated prefixes often exceed it
+SEED_FRAMES = [
+    DEFAULT_HELLO,
+    Sub(id=1, filter="a/*/>"),
+    Pub(topic="a/b", payload=b"\x00" * 10, id=2, msg_id="m"),
+    Ack(seq=4),
+    Ping(id=1),
+    Error(code="INVALID_ACK", text="x", ref=1),
+    Msg(sub=1, seq=2, topic="a/b", payload=b"p", msg_id="m"),
+    DEFAULT_WELCOME,
+]
+SEED_STREAM = b"".join(framed(f) for f in SEED_FRAMES)
+
+
+@st.composite
+def mutated_streams(draw: st.DrawFn) -> bytes:
+    """Valid frames with bytes flipped, inserted, deleted or the stream cut short."""
+    data = bytearray(draw(st.sampled_from([SEED_STREAM, SEED_STREAM[:60], framed(Ping())])))
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        if not data:
+            break
+        i = draw(st.integers(min_value=0, max_value=len(data) - 1))
+        op = draw(st.sampled_from(["flip", "insert", "delete", "cut"]))
+        if op == "flip":
+            data[i] = draw(st.integers(min_value=0, max_value=255))
+        elif op == "insert":
+            data[i:i] = draw(st.binary(min_size=1, max_size=4))
+        elif op == "delete":
+            del data[i]
+        else:
+            del data[i:]
+    return bytes(data)
+
+
+def run_fuzz(conn: Connection, chunks: list[bytes]) -> None:
+    """Feed chunks and drain; only frames, NEED_DATA, ConnectionClosed or RemoteProtocolError
+    may come out, and after NEED_DATA at most one partial frame is buffered."""
+    steps = 0
+    for chunk in [*chunks, b""]:
+        conn.receive_data(chunk)
+        while True:
+            steps += 1
+            assert steps < 10_000, "next_event did not settle"
+            try:
+                event = conn.next_event()
+            except RemoteProtocolError as exc:
+                if exc.closes_connection:
+                    assert conn.state is State.ERROR
+                    with pytest.raises(RemoteProtocolError):
+                        conn.next_event()
+                    return
+                continue
+            if event is NEED_DATA:
+                assert conn.buffered < 4 + FUZZ_MAX_FRAME
+                break
+            if isinstance(event, ConnectionClosed):
+                return
+            assert isinstance(event, Frame)
+            if isinstance(event, Hello):
+                conn.send(DEFAULT_WELCOME)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    role=st.sampled_from(Role),
+    stream=st.binary(max_size=200) | mutated_streams(),
+    data=st.data(),
+)
+def test_fuzzed_input_yields_frames_or_remote_errors_only(
+    role: Role, stream: bytes, data: st.DataObject
+) -> None:
+    conn = Connection(role, max_frame=FUZZ_MAX_FRAME)
+    if role is Role.CLIENT:
+        conn.send(DEFAULT_HELLO)
+    run_fuzz(conn, data.draw(splits(stream)) if stream else [])
+
+
+def test_fuzzed_input_on_open_connections_with_a_fixed_seed() -> None:
+    """Cheap extra breadth beyond hypothesis: many mutations of the seed stream, both roles."""
+    rng = random.Random(0)
+    for _ in range(300):
+        data = bytearray(SEED_STREAM)
+        for _ in range(rng.randint(1, 3)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        conn = open_server(FUZZ_MAX_FRAME) if rng.random() < 0.5 else open_client(FUZZ_MAX_FRAME)
+        cuts = sorted(rng.sample(range(1, len(data)), 5))
+        chunks = [bytes(data[a:b]) for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        run_fuzz(conn, chunks)
+
+
+def test_encode_frame_is_the_body_without_prefix() -> None:
+    body = encode_frame(Ping(id=1))
+    assert framed(Ping(id=1)) == len(body).to_bytes(4, "big") + body
+    assert list(drain(open_server())) == [NEED_DATA]
