@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
-from itertools import chain
 from typing import Final
 
 import pygtrie
@@ -72,7 +71,6 @@ class SubscriptionTable:
         self._cache: MatchCache | None = MatchCache(cache_size) if cache_size > 0 else None
         self._records: dict[tuple[str, str], _FilterRecord] = {}
         self._by_path: pygtrie.Trie = pygtrie.Trie()
-        self._unindexed: set[Filter] = set()  # changed since the pygtrie was synced
         self._by_subscriber: dict[Hashable, set[Filter]] = {}
         self._entries = 0
         self._cold_matches = 0
@@ -111,7 +109,7 @@ class SubscriptionTable:
         held.add(flt)
         if record is None:
             record = self._records[(text, dialect)] = _FilterRecord(flt)
-            self._note_index_change(flt)
+            self._index_filter(flt)
         record.holders += 1
         self._trie.insert(flt, subscriber)
         self._entries += 1
@@ -136,7 +134,7 @@ class SubscriptionTable:
         record.holders -= 1
         if not record.holders:
             del self._records[(text, dialect)]
-            self._note_index_change(flt)
+            self._unindex_filter(flt)
         deleted = self._trie.delete(flt, subscriber)
         assert deleted, "trie and entry index disagree"
         self._entries -= 1
@@ -200,12 +198,11 @@ class SubscriptionTable:
         about where filters live, not about which topics they match.
         """
         levels = tuple(check_common(prefix, "prefix"))
-        self._sync_path_index()
         try:
-            groups = self._by_path.values(prefix=levels)
+            held = self._by_path.values(prefix=levels)
         except KeyError:
             return []
-        return [flt for group in groups for flt in group]
+        return [flt for value in held for flt in (value if isinstance(value, list) else (value,))]
 
     def statistics(self) -> TableStatistics:
         cache = self._cache
@@ -232,39 +229,32 @@ class SubscriptionTable:
             return EMPTY
         if len(holders) == 1:
             return frozenset(holders[0])
-        return frozenset(chain.from_iterable(holders))
+        return frozenset().union(*holders)
 
     def _changed(self, flt: Filter) -> None:
         self.generation += 1
         if self._cache is not None:
             self._cache.invalidate(flt)
 
-    def _note_index_change(self, flt: Filter) -> None:
-        self._unindexed.add(flt)
-        if len(self._unindexed) > max(4096, len(self._records)):
-            self._sync_path_index()  # bounds the backlog under churn of distinct filters
+    def _index_filter(self, flt: Filter) -> None:
+        # Values are a Filter, or a list when two dialects spell the same path
+        # (a/* and a/+): the common case costs no list and one pygtrie walk.
+        held = self._by_path.setdefault(flt.key, flt)
+        if held is flt:
+            return
+        if isinstance(held, list):
+            held.append(flt)
+        else:
+            self._by_path[flt.key] = [held, flt]
 
-    def _sync_path_index(self) -> None:
-        """Bring the pygtrie index up to date with the filters that changed.
-
-        pygtrie is a pure-Python structure and inserting a path costs ~15 us,
-        more than the rest of a subscribe together; prefix questions are rare
-        next to subscribes, so index changes wait here until one is asked.
-        Pending filters compare by (text, dialect): a filter removed and added
-        again is one pending change, settled by what ``_records`` holds now.
-        """
-        by_path = self._by_path
-        for flt in self._unindexed:
-            record = self._records.get((flt.text, flt.dialect))
-            group = by_path.get(flt.key)
-            kept = [f for f in group if f != flt] if group is not None else []
-            if record is not None:
-                kept.append(record.filter)
-            if kept:
-                by_path[flt.key] = kept
-            elif group is not None:
-                del by_path[flt.key]
-        self._unindexed.clear()
+    def _unindex_filter(self, flt: Filter) -> None:
+        held = self._by_path[flt.key]
+        if isinstance(held, list):
+            held.remove(flt)
+            if len(held) == 1:
+                self._by_path[flt.key] = held[0]
+        else:
+            del self._by_path[flt.key]
 
 
 def _text_and_dialect(filter: str | Filter, dialect: str) -> tuple[str, str]:
