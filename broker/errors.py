@@ -50,6 +50,7 @@ class ErrorCode(StrEnum):
     SHUTTING_DOWN = "SHUTTING_DOWN"
     INVALID_ACK = "INVALID_ACK"
     SESSION_TAKEN = "SESSION_TAKEN"
+    UNSUPPORTED = "UNSUPPORTED"
     INTERNAL = "INTERNAL"
 
     @property
@@ -85,6 +86,7 @@ CLOSES_CONNECTION: Mapping[ErrorCode, bool] = MappingProxyType(
         _C.SHUTTING_DOWN: True,
         _C.INVALID_ACK: False,
         _C.SESSION_TAKEN: True,
+        _C.UNSUPPORTED: True,
         _C.INTERNAL: True,
     }
 )
@@ -125,6 +127,10 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
         _C.SESSION_TAKEN: (
             "Another connection took over this durable session (same client id); this one "
             "is closed."
+        ),
+        _C.UNSUPPORTED: (
+            "HELLO asked for a feature this broker does not offer (for example a durable "
+            "session on a broker built without storage)."
         ),
         _C.INTERNAL: "A bug or unexpected failure on the sender's side.",
     }

@@ -1,0 +1,546 @@
+"""The async client for trio.
+
+    async with connect("127.0.0.1:7474") as client:
+        await client.publish("beacon/eu/de/s1/cart/view", b"{}", confirm=True)
+        async with client.subscribe("beacon/eu/>") as sub:
+            async for message in sub:
+                ...
+
+No call takes a timeout: wrap it in ``trio.fail_after`` (trio's convention).
+
+The broker sends each message once per session, however many of the
+session's filters match, so the client routes it to every local subscription
+that wants it with its own ``routing.SubscriptionTable`` (the MSG's ``sub``
+names just one of them). Each subscription has a bounded buffer; when one is
+full the reader waits, TCP pushes back, and the broker's flow control for
+slow consumers takes over: memory stays bounded on both sides.
+
+Writes go through one buffer drained by a writer task, so a fast publisher
+puts many frames in each ``send_all``; a publisher that outruns the socket
+waits in ``publish`` once the buffer is over ``WRITE_BUFFER_LIMIT`` bytes.
+
+With ``reconnect=True`` a lost connection is re-established with exponential
+backoff and jitter; subscriptions are renewed and unconfirmed confirmed
+publishes are sent again (with the same message id, so a broker that keeps
+ids can drop the duplicate). Messages published while disconnected wait.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+import routing
+from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
+from broker.frames import (
+    PROTOCOL_VERSION,
+    Error,
+    Frame,
+    Hello,
+    Msg,
+    Ping,
+    Pong,
+    Pub,
+    PubAck,
+    Stats,
+    StatsReply,
+    Sub,
+    SubAck,
+    Unsub,
+    UnsubAck,
+    Welcome,
+)
+from broker.log import get_logger
+from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
+
+DEFAULT_PORT = 7474
+RECEIVE_SIZE = 256 * 1024
+WRITE_BUFFER_LIMIT = 1024 * 1024
+SUBSCRIPTION_BUFFER = 1000
+
+log = get_logger("topiary.client")
+
+
+class BrokerError(Exception):
+    """The broker refused a request (ERROR frame): ``code`` and ``text`` say why."""
+
+    def __init__(self, code: str, text: str, ref: int | None = None) -> None:
+        super().__init__(f"{code}: {text}")
+        self.code = code
+        self.text = text
+        self.ref = ref
+
+
+class ConnectionLost(Exception):
+    """The connection ended (and ``reconnect`` was off, or the client is closing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    topic: str
+    payload: bytes
+    headers: dict[str, str] | None
+    seq: int
+    id: str
+    sub: int
+
+    @property
+    def text(self) -> str:
+        return self.payload.decode("utf-8")
+
+
+def parse_server(server: str | tuple[str, int]) -> tuple[str, int]:
+    """``host:port``, ``host`` or ``(host, port)``; raises ValueError saying what is wrong."""
+    if isinstance(server, tuple):
+        host, port = server
+    else:
+        text = server.strip()
+        if not text:
+            raise ValueError("server address is empty")
+        if text.startswith("["):  # [::1]:7474
+            host, _, rest = text[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else str(DEFAULT_PORT)
+        elif text.count(":") == 1:
+            host, port_text = text.split(":")
+        else:
+            host, port_text = text, str(DEFAULT_PORT)
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise ValueError(f"bad port {port_text!r} in server address {server!r}") from None
+    if not host:
+        raise ValueError(f"no host in server address {server!r}")
+    if not 0 < port < 65536:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    return host, port
+
+
+class _Waiter:
+    __slots__ = ("done", "error", "frame", "request")
+
+    def __init__(self, request: Frame | None) -> None:
+        self.request = request  # resent after a reconnect when not None
+        self.done = trio.Event()
+        self.frame: Frame | None = None
+        self.error: Exception | None = None
+
+    def resolve(self, frame: Frame | None = None, error: Exception | None = None) -> None:
+        self.frame = frame
+        self.error = error
+        self.done.set()
+
+    async def wait(self) -> Frame:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.frame is not None
+        return self.frame
+
+
+class Subscription:
+    """Messages for one filter; iterate with ``async for``."""
+
+    def __init__(self, client: Client, filter: str, dialect: str, buffer: int) -> None:
+        self.client = client
+        self.filter = filter
+        self.dialect = dialect
+        self.sub_id: int | None = None
+        self._send, self._receive = trio.open_memory_channel[Message | Exception](buffer)
+        self.closed = False
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            item = await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def get(self) -> Message:
+        """The next message (raises ConnectionLost when the connection is gone)."""
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            raise ConnectionLost("subscription closed") from None
+
+    async def _put(self, message: Message) -> None:
+        if not self.closed:
+            await self._send.send(message)
+
+    def _end(self, error: Exception | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if error is not None:
+            with suppress(trio.WouldBlock):
+                self._send.send_nowait(error)
+        self._send.close()
+
+
+class Client:
+    def __init__(
+        self,
+        server: str | tuple[str, int],
+        *,
+        client_id: str | None,
+        credentials: dict[str, Any] | None,
+        keepalive: float,
+        reconnect: bool,
+        backoff: tuple[float, float],
+    ) -> None:
+        self.address = parse_server(server)
+        self.requested_client_id = client_id
+        self.client_id: str | None = None
+        self.server_id: str | None = None
+        self.credentials = credentials
+        self.keepalive = keepalive
+        self.reconnect = reconnect
+        self.backoff = backoff
+        self.errors: list[BrokerError] = []  # refusals of requests nobody waits for
+        self.reconnects = 0
+        self._ids = itertools.count(1)
+        self._stream: trio.SocketStream | None = None
+        self._proto = Connection(Role.CLIENT)
+        self._waiters: dict[int, _Waiter] = {}
+        self._subs: dict[int, Subscription] = {}  # broker sub id -> subscription
+        self._local = routing.SubscriptionTable()  # filter -> local Subscription objects
+        self._active: list[Subscription] = []
+        self._renewals: dict[int, Subscription] = {}  # SUB request id -> renewed subscription
+        self._out = bytearray()
+        self._out_ready = trio.Event()
+        self._out_drained = trio.Event()
+        self._out_drained.set()
+        self._connected = trio.Event()
+        self._closing = False
+        self._failure: Exception | None = None
+
+    # -- connection ----------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        host, port = self.address
+        stream = await trio.open_tcp_stream(host, port)
+        proto = Connection(Role.CLIENT)
+        client_id = self.client_id or self.requested_client_id
+        hello = Hello(
+            version=PROTOCOL_VERSION,
+            client_id=client_id,
+            credentials=self.credentials,
+            keepalive=self.keepalive,
+        )
+        try:
+            await stream.send_all(proto.send(hello))
+            while True:
+                event = proto.next_event()
+                if event is NEED_DATA:
+                    proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
+                    continue
+                if isinstance(event, ConnectionClosed):
+                    raise ConnectionLost("the broker closed the connection during the handshake")
+                if isinstance(event, Error):
+                    raise BrokerError(event.code, event.text, event.ref)
+                assert isinstance(event, Welcome)
+                break
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        self._stream = stream
+        self._proto = proto
+        self.client_id = event.client_id
+        self.server_id = event.server_id
+        self._out = bytearray()
+        self._connected.set()
+
+    async def _run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            error = await self._session()
+            if self._closing:
+                return
+            if not self.reconnect or (
+                isinstance(error, BrokerError) and error.code == ErrorCode.AUTH_FAILED
+            ):
+                self._fail(error or ConnectionLost("connection closed by the broker"))
+                return
+            self._connected = trio.Event()
+            await self._reconnect()
+
+    async def _reconnect(self) -> None:
+        delay, limit = self.backoff
+        while not self._closing:
+            await trio.sleep(delay * (0.5 + random.random()))
+            try:
+                await self._open()
+            except (OSError, ConnectionLost, BrokerError, trio.BrokenResourceError) as exc:
+                log.info("reconnect failed", error=str(exc), retry_in=delay)
+                delay = min(delay * 2, limit)
+                continue
+            self.reconnects += 1
+            await self._resume()
+            return
+
+    async def _resume(self) -> None:
+        """After a reconnect: renew subscriptions, resend unconfirmed requests."""
+        self._subs.clear()
+        pending = list(self._waiters.items())
+        for sub in self._active:
+            if sub.closed:
+                continue
+            request_id = next(self._ids)
+            waiter = _Waiter(None)
+            self._waiters[request_id] = waiter
+            self._write(Sub(id=request_id, filter=sub.filter, dialect=sub.dialect))
+            self._renewals[request_id] = sub
+        for _request_id, waiter in pending:
+            if waiter.request is not None:
+                self._write(waiter.request)
+
+    async def _session(self) -> Exception | None:
+        """Run the reader, writer and keepalive until the connection ends."""
+        assert self._stream is not None
+        result: list[Exception | None] = [None]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, nursery)
+            nursery.start_soon(self._keepalive_loop)
+            result[0] = await self._reader()
+            nursery.cancel_scope.cancel()
+        await trio.aclose_forcefully(self._stream)
+        return result[0]
+
+    async def _reader(self) -> Exception | None:
+        proto = self._proto
+        stream = self._stream
+        assert stream is not None
+        while True:
+            try:
+                event = proto.next_event()
+            except RemoteProtocolError as exc:
+                return exc
+            if event is NEED_DATA:
+                try:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    return ConnectionLost(str(exc) or "connection lost")
+                proto.receive_data(data)
+                continue
+            if isinstance(event, ConnectionClosed):
+                return ConnectionLost("the broker closed the connection")
+            if isinstance(event, Msg):
+                await self._dispatch(event)
+            elif isinstance(event, Error):
+                error = BrokerError(event.code, event.text, event.ref)
+                waiter = self._waiters.pop(event.ref, None) if event.ref is not None else None
+                if waiter is not None:
+                    self._renewals.pop(event.ref, None)
+                    waiter.resolve(error=error)
+                else:
+                    self.errors.append(error)
+                    log.warning("broker error", code=event.code, text=event.text)
+                if event.closes_connection:
+                    return error
+            elif isinstance(event, Ping):
+                self._write(Pong(id=event.id))
+            elif isinstance(event, SubAck | UnsubAck | PubAck | StatsReply):
+                waiter = self._waiters.pop(event.id, None)
+                renewed = self._renewals.pop(event.id, None)
+                if renewed is not None and isinstance(event, SubAck):
+                    renewed.sub_id = event.sub
+                    self._subs[event.sub] = renewed
+                if waiter is not None:
+                    waiter.resolve(event)
+            # PONG: nothing to do; hearing anything is what keeps us alive
+
+    async def _dispatch(self, frame: Msg) -> None:
+        message = Message(
+            topic=frame.topic,
+            payload=frame.payload,
+            headers=frame.headers,
+            seq=frame.seq,
+            id=frame.msg_id,
+            sub=frame.sub,
+        )
+        for sub in self._local.match(frame.topic):
+            await sub._put(message)  # type: ignore[attr-defined]
+
+    async def _writer(self, nursery: trio.Nursery) -> None:
+        stream = self._stream
+        assert stream is not None
+        try:
+            while True:
+                if not self._out:
+                    self._out_drained.set()
+                    self._out_ready = trio.Event()
+                    await self._out_ready.wait()
+                    continue
+                data = bytes(self._out)
+                self._out.clear()
+                await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            nursery.cancel_scope.cancel()
+
+    async def _keepalive_loop(self) -> None:
+        while True:
+            await trio.sleep(self.keepalive)
+            self._write(Ping(id=0))
+
+    def _fail(self, error: Exception) -> None:
+        self._failure = error
+        for waiter in self._waiters.values():
+            waiter.resolve(error=error)
+        self._waiters.clear()
+        for sub in self._active:
+            sub._end(error)
+        self._connected.set()  # wake publishers so they see the failure
+
+    # -- requests ------------------------------------------------------------------------
+
+    def _write(self, frame: Frame) -> None:
+        self._out += self._proto.send(frame)
+        if len(self._out) > WRITE_BUFFER_LIMIT:
+            self._out_drained = trio.Event()
+        self._out_ready.set()
+
+    async def _ready(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._closing:
+            raise ConnectionLost("the client is closed")
+        await self._connected.wait()
+        if self._failure is not None:
+            raise self._failure
+        await self._out_drained.wait()
+
+    async def _request(self, make: Any) -> Frame:
+        await self._ready()
+        request_id = next(self._ids)
+        frame = make(request_id)
+        waiter = _Waiter(frame)
+        self._waiters[request_id] = waiter
+        self._write(frame)
+        return await waiter.wait()
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes | str,
+        headers: dict[str, str] | None = None,
+        confirm: bool = False,
+        msg_id: str | None = None,
+    ) -> None:
+        """Publish; with ``confirm`` wait for the broker's PUBACK (BrokerError if refused)."""
+        routing.validate_topic(topic)
+        data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+        if confirm:
+            await self._request(
+                lambda rid: Pub(topic=topic, payload=data, headers=headers, id=rid, msg_id=msg_id)
+            )
+            return
+        await self._ready()
+        self._write(Pub(topic=topic, payload=data, headers=headers, msg_id=msg_id))
+        await trio.lowlevel.checkpoint()
+
+    async def stats(self) -> dict[str, Any]:
+        reply = await self._request(lambda rid: Stats(id=rid))
+        assert isinstance(reply, StatsReply)
+        return reply.stats
+
+    async def ping(self) -> None:
+        """Round trip to the broker: every frame sent before it has been processed."""
+        await self.stats()
+
+    @asynccontextmanager
+    async def subscribe(
+        self, filter: str, dialect: str = "native", *, sync: bool = False,
+        buffer: int = SUBSCRIPTION_BUFFER,
+    ) -> AsyncIterator[Subscription]:
+        """Subscribe; the broker has confirmed it when the block starts."""
+        routing.parse_filter(filter, dialect)  # a bad filter fails here, with its reason
+        sub = Subscription(self, filter, dialect, buffer)
+        reply = await self._request(
+            lambda rid: Sub(id=rid, filter=filter, dialect=dialect, sync=sync)
+        )
+        assert isinstance(reply, SubAck)
+        sub.sub_id = reply.sub
+        self._subs[reply.sub] = sub
+        self._active.append(sub)
+        self._local.add(filter, sub, dialect)
+        try:
+            yield sub
+        finally:
+            self._local.remove(filter, sub, dialect)
+            self._active.remove(sub)
+            sub._end(None)
+            if sub.sub_id is not None:
+                self._subs.pop(sub.sub_id, None)
+                if self._failure is None and not self._closing and self._connected.is_set():
+                    with (
+                        trio.CancelScope(shield=True),
+                        trio.move_on_after(5),
+                        suppress(BrokerError, ConnectionLost),
+                    ):
+                        await self._request(lambda rid: Unsub(id=rid, sub=sub.sub_id))
+
+    async def _flush(self) -> None:
+        """Wait until everything written so far has gone to the socket."""
+        while self._out and self._failure is None and self._connected.is_set():
+            self._out_drained = trio.Event()
+            self._out_ready.set()
+            with trio.move_on_after(5):
+                await self._out_drained.wait()
+
+
+@asynccontextmanager
+async def connect(
+    server: str | tuple[str, int] = f"127.0.0.1:{DEFAULT_PORT}",
+    *,
+    client_id: str | None = None,
+    credentials: dict[str, Any] | None = None,
+    keepalive: float = 30.0,
+    reconnect: bool = False,
+    backoff: tuple[float, float] = (0.05, 5.0),
+) -> AsyncIterator[Client]:
+    """Connect and say HELLO; raises BrokerError if refused, OSError if unreachable."""
+    if not (math.isfinite(keepalive) and keepalive > 0):
+        raise ValueError("keepalive must be a positive number of seconds")
+    client = Client(
+        server,
+        client_id=client_id,
+        credentials=credentials,
+        keepalive=keepalive,
+        reconnect=reconnect,
+        backoff=backoff,
+    )
+    await client._open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client._run)
+        try:
+            yield client
+            with trio.CancelScope(shield=True):
+                await client._flush()
+        finally:
+            client._closing = True
+            nursery.cancel_scope.cancel()
+    if client._stream is not None:
+        await trio.aclose_forcefully(client._stream)
+
+
+__all__ = [
+    "BrokerError",
+    "Client",
+    "ConnectionLost",
+    "Message",
+    "ProtocolError",
+    "Subscription",
+    "connect",
+    "parse_server",
+]

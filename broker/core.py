@@ -1,0 +1,157 @@
+"""The broker's state, without sockets: sessions, the subscription table, routing.
+
+Everything here is synchronous: a PUB is matched and queued to every
+interested session before the next frame is read, which is what keeps
+per-publisher order on every topic. Connections (broker/connection.py) and
+the listener loop (broker/server.py) are the trio shell around it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any
+
+import routing
+from broker.config import BrokerConfig
+from broker.message import Message
+from broker.session import OutboundLimits, Session, SubRef
+from broker.stats import Counters
+
+_CLIENT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _base36(n: int) -> str:
+    digits = []
+    while True:
+        n, r = divmod(n, 36)
+        digits.append(_CLIENT_ALPHABET[r])
+        if not n:
+            return "".join(reversed(digits))
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig | None = None) -> None:
+        self.config = config or BrokerConfig()
+        self.server_id = self.config.server_id or f"topiary-{os.getpid()}"
+        self.table = routing.SubscriptionTable()
+        self.counters = Counters()
+        self.sessions: dict[str, Session] = {}
+        self.connections: set[Any] = set()  # ClientConnection objects, for shutdown
+        self.started = time.time()
+        self.limits = OutboundLimits(
+            messages=self.config.outbound_messages,
+            bytes=self.config.outbound_bytes,
+            slow_consumer_drops=self.config.slow_consumer_drops,
+        )
+        # Message ids the broker assigns: unique per broker run, short to send.
+        self._id_prefix = f"{_base36(time.time_ns() // 1_000_000)}-"
+        self._msg_counter = itertools.count(1)
+        self._client_counter = itertools.count(1)
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def open_session(self, client_id: str | None) -> Session:
+        if not client_id:
+            client_id = f"anon-{self._id_prefix}{next(self._client_counter)}"
+        elif client_id in self.sessions:
+            # Transient sessions: the same id twice gets a distinct internal key;
+            # durable sessions (with ids that must be unique) decide take-over.
+            client_id = f"{client_id}#{next(self._client_counter)}"
+        session = Session(client_id, self.limits, self.counters)
+        self.sessions[client_id] = session
+        return session
+
+    def close_session(self, session: Session) -> None:
+        for ref in list(session.refs.values()):
+            self.table.remove(ref.filter, ref, ref.dialect)
+        session.refs.clear()
+        session.subs.clear()
+        self.sessions.pop(session.client_id, None)
+
+    # -- subscriptions -------------------------------------------------------------------
+
+    def subscribe(self, session: Session, filter: str, dialect: str) -> int:
+        """Returns the subscription id; raises TopicError/ValueError for a bad filter."""
+        routing.parse_filter(filter, dialect)  # raise before the session changes
+        sub_id, ref, is_new = session.subscribe(filter, dialect)
+        if is_new:
+            self.table.add(filter, ref, dialect)
+        self.counters.subscribes += 1
+        return sub_id
+
+    def unsubscribe(self, session: Session, sub_id: int) -> bool:
+        dropped = session.unsubscribe(sub_id)
+        if dropped is None:
+            return False
+        ref, remove_entry = dropped
+        if remove_entry:
+            self.table.remove(ref.filter, ref, ref.dialect)
+        self.counters.unsubscribes += 1
+        return True
+
+    # -- routing -------------------------------------------------------------------------
+
+    def next_msg_id(self) -> str:
+        return f"{self._id_prefix}{next(self._msg_counter)}"
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        headers: dict[str, str] | None = None,
+        msg_id: str | None = None,
+    ) -> int:
+        """Route one message to every interested session; returns how many got it."""
+        counters = self.counters
+        counters.messages_in += 1
+        counters.bytes_in += len(payload)
+        targets = self.table.match(topic)
+        if not targets:
+            counters.messages_unrouted += 1
+            return 0
+        message = Message(topic, payload, headers, msg_id or self.next_msg_id())
+        delivered = 0
+        if len(targets) == 1:
+            for ref in targets:
+                delivered = ref.session.deliver(message, ref.sub_ids[0])
+        else:
+            seen: set[int] = set()
+            for ref in targets:
+                session = ref.session
+                key = id(session)
+                if key in seen:
+                    continue
+                seen.add(key)
+                delivered += session.deliver(message, ref.sub_ids[0])
+        counters.messages_out += delivered
+        counters.bytes_out += delivered * message.size
+        return delivered
+
+    # -- operators -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        table = self.table.statistics()
+        snapshot = self.counters.snapshot()
+        snapshot.update(
+            {
+                "server_id": self.server_id,
+                "uptime_seconds": round(time.time() - self.started, 3),
+                "connections": len(self.connections),
+                "subscriptions": sum(len(s.subs) for s in self.sessions.values()),
+                "table": {
+                    "entries": table.subscriptions,
+                    "filters": table.filters,
+                    "trie_nodes": table.trie_nodes,
+                    "cache_entries": table.cache_entries,
+                    "cache_hits": table.cache_hits,
+                    "cache_misses": table.cache_misses,
+                },
+                "queued": sum(s.queued for s in self.sessions.values()),
+            }
+        )
+        return snapshot
+
+
+__all__ = ["Broker", "Session", "SubRef"]

@@ -1,0 +1,120 @@
+"""Listening and shutting down: the outermost nurseries of a broker.
+
+``Server.serve`` owns two nurseries: one for the accept loops and one for
+connections. Shutdown (``Server.shutdown()``, called on SIGINT/SIGTERM) goes in
+order: stop accepting (the accept nursery is cancelled and the listeners
+close), tell every connection to stop reading, let each flush what it has
+queued (bounded by ``shutdown_timeout``) and say SHUTTING_DOWN, then return.
+Every PUB the broker acknowledged was routed before its PUBACK was queued, and
+queues are flushed in order, so what was acknowledged reaches the subscribers
+connected at the time.
+"""
+
+from __future__ import annotations
+
+import errno
+import signal
+from typing import Any
+
+import trio
+
+from broker.config import BrokerConfig
+from broker.connection import ClientConnection
+from broker.core import Broker
+from broker.log import get_logger
+
+log = get_logger("topiary.server")
+
+# accept() errors that mean "out of resources for now", as trio's serve_listeners treats them
+_RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+ACCEPT_BACKOFF = 0.1
+
+
+def _peer_name(stream: trio.abc.Stream) -> str:
+    socket = getattr(stream, "socket", None)
+    try:
+        host, port = socket.getpeername()[:2]  # type: ignore[union-attr]
+    except (AttributeError, OSError, TypeError, ValueError):
+        return "?"
+    return f"{host}:{port}"
+
+
+class Server:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._shutdown = trio.Event()
+        self.addresses: list[tuple[str, int]] = []
+
+    def shutdown(self) -> None:
+        self._shutdown.set()
+
+    async def serve(
+        self,
+        listeners: list[trio.SocketListener] | list[Any],
+        *,
+        task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        broker = self.broker
+        for listener in listeners:
+            sock = getattr(listener, "socket", None)
+            if sock is not None:
+                self.addresses.append(sock.getsockname()[:2])
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as accepting:
+                for listener in listeners:
+                    accepting.start_soon(self._accept_loop, listener, connections)
+                log.info("listening", server_id=broker.server_id, addresses=self.addresses)
+                task_status.started(self.addresses)
+                await self._shutdown.wait()
+                accepting.cancel_scope.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            log.info("shutting down", connections=len(broker.connections))
+            for connection in list(broker.connections):
+                connection.begin_shutdown()
+        counters = broker.counters
+        log.info("stopped", messages_in=counters.messages_in, messages_out=counters.messages_out)
+
+    async def _accept_loop(self, listener: Any, connections: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno in _RESOURCE_ERRNOS:
+                    log.error("accept failed, backing off", error=str(exc))
+                    await trio.sleep(ACCEPT_BACKOFF)
+                    continue
+                raise
+            connection = ClientConnection(self.broker, stream, _peer_name(stream))
+            connections.start_soon(connection.run)
+
+
+async def run_broker(
+    config: BrokerConfig,
+    *,
+    broker: Broker | None = None,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Bind ``config.host:config.port`` and serve until shut down (or a signal)."""
+    broker = broker or Broker(config)
+    server = Server(broker)
+    listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+    async with trio.open_nursery() as nursery:
+        signals = trio.CancelScope()
+        if handle_signals:
+            nursery.start_soon(_shutdown_on_signal, server, signals)
+        await nursery.start(server.serve, listeners)
+        task_status.started(server)
+        await server._shutdown.wait()
+        signals.cancel()
+        # serve() drains connections within shutdown_timeout; this is the backstop
+        nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout + 5
+
+
+async def _shutdown_on_signal(server: Server, scope: trio.CancelScope) -> None:
+    with scope, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+        async for signum in received:
+            log.info("signal", signal=signal.Signals(signum).name)
+            server.shutdown()
+            return

@@ -1,0 +1,203 @@
+"""A client's session: its subscriptions, its sequence numbers, its outbound queue.
+
+The router hands messages to sessions synchronously (``deliver``); a
+connection's writer drains them. The queue is bounded in messages and payload
+bytes, so a slow consumer never makes the broker's memory grow: past the bound
+its messages are dropped and counted, and after ``slow_consumer_drops`` drops
+in a row (no progress in between) it is disconnected with SLOW_CONSUMER. The
+publisher and every other subscriber never wait for it.
+
+Control frames (SUBACK, PUBACK, PONG, ERROR) are never dropped; they answer the
+client's own requests, so when too many are queued the connection stops
+reading that client until its writer catches up: backpressure on the one
+client that caused it.
+
+A transient session lives as long as its connection. Durable sessions (stored
+filters and last-acked position) keep this interface and add storage.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from broker.errors import ErrorCode, RemoteProtocolError
+from broker.message import Message, encode_msg
+
+if TYPE_CHECKING:
+    from broker.stats import Counters
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundLimits:
+    messages: int = 10_000
+    bytes: int = 16 * 1024 * 1024
+    slow_consumer_drops: int = 10_000
+
+
+class SubRef:
+    """What the subscription table holds: one (filter, dialect) of one session.
+
+    A session subscribing twice to the same filter gets two subscription ids
+    and one table entry, so it still receives each message once.
+    """
+
+    __slots__ = ("dialect", "filter", "session", "sub_ids")
+
+    def __init__(self, session: Session, filter: str, dialect: str) -> None:
+        self.session = session
+        self.filter = filter
+        self.dialect = dialect
+        self.sub_ids: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"<SubRef {self.session.client_id} {self.filter!r} {self.dialect} {self.sub_ids}>"
+
+
+class Session:
+    def __init__(self, client_id: str, limits: OutboundLimits, counters: Counters) -> None:
+        self.client_id = client_id
+        self.limits = limits
+        self.counters = counters
+        self.subs: dict[int, SubRef] = {}
+        self.refs: dict[tuple[str, str], SubRef] = {}
+        self._next_sub_id = 1
+        self.seq = 0
+        self.dropped = 0
+        self._drops_in_a_row = 0
+        # Entries: encoded control frames (bytes) or (message, sub id, seq) to encode.
+        self._outbox: deque[bytes | tuple[Message, int, int]] = deque()
+        self._queued_messages = 0
+        self._queued_bytes = 0
+        self._control_bytes = 0
+        self._has_data = trio.Event()
+        self._drained = trio.Event()
+        self._drained.set()
+        self.failure: RemoteProtocolError | None = None
+        self.failed = trio.Event()
+
+    # -- subscriptions -------------------------------------------------------------------
+
+    def subscribe(self, filter: str, dialect: str) -> tuple[int, SubRef, bool]:
+        """A new subscription id; the ref and whether the table needs an entry for it."""
+        sub_id = self._next_sub_id
+        self._next_sub_id += 1
+        key = (filter, dialect)
+        ref = self.refs.get(key)
+        is_new = ref is None
+        if ref is None:
+            ref = self.refs[key] = SubRef(self, filter, dialect)
+        ref.sub_ids.append(sub_id)
+        self.subs[sub_id] = ref
+        return sub_id, ref, is_new
+
+    def unsubscribe(self, sub_id: int) -> tuple[SubRef, bool] | None:
+        """The ref the id belonged to and whether its table entry must go; None if unknown."""
+        ref = self.subs.pop(sub_id, None)
+        if ref is None:
+            return None
+        ref.sub_ids.remove(sub_id)
+        if ref.sub_ids:
+            return ref, False
+        del self.refs[(ref.filter, ref.dialect)]
+        return ref, True
+
+    # -- outbound ------------------------------------------------------------------------
+
+    def deliver(self, message: Message, sub_id: int) -> bool:
+        """Queue ``message``; False (counted) when the queue is full."""
+        limits = self.limits
+        if (
+            self._queued_messages >= limits.messages
+            or self._queued_bytes + message.size > limits.bytes
+        ):
+            self.dropped += 1
+            self.counters.dropped += 1
+            self._drops_in_a_row += 1
+            if self._drops_in_a_row >= limits.slow_consumer_drops:
+                self.fail(
+                    ErrorCode.SLOW_CONSUMER,
+                    f"slow consumer: {self._drops_in_a_row} messages dropped in a row "
+                    f"with {self._queued_messages} queued",
+                )
+            return False
+        self.seq += 1
+        self._outbox.append((message, sub_id, self.seq))
+        self._queued_messages += 1
+        self._queued_bytes += message.size
+        self._has_data.set()
+        return True
+
+    def send_control(self, data: bytes) -> None:
+        """Queue an encoded control frame; never dropped."""
+        self._outbox.append(data)
+        self._control_bytes += len(data)
+        if self._control_bytes > self.limits.bytes:
+            self._drained = trio.Event()
+        self._has_data.set()
+
+    def fail(self, code: ErrorCode, text: str) -> None:
+        """Ask the connection to close with ERROR(code, text)."""
+        if self.failure is None:
+            self.failure = RemoteProtocolError(code, text)
+            self.failed.set()
+
+    def wake(self) -> None:
+        """Wake the writer (to notice it should close)."""
+        self._has_data.set()
+
+    def discard_messages(self) -> int:
+        """Drop every queued MSG (a slow consumer being cut off); keep control frames."""
+        kept = deque(entry for entry in self._outbox if entry.__class__ is bytes)
+        discarded = len(self._outbox) - len(kept)
+        self._outbox = kept
+        self.dropped += discarded
+        self.counters.dropped += discarded
+        self._queued_messages = 0
+        self._queued_bytes = 0
+        return discarded
+
+    @property
+    def queued(self) -> int:
+        return len(self._outbox)
+
+    async def wait_data(self) -> None:
+        if not self._outbox:
+            self._has_data = trio.Event()
+            await self._has_data.wait()
+
+    async def wait_control_drained(self) -> None:
+        """Wait until the client's own replies fit in the queue again."""
+        await self._drained.wait()
+
+    def take_batch(self, max_bytes: int = 256 * 1024) -> tuple[bytes, int]:
+        """Encode queued frames into one write of about ``max_bytes``; (bytes, MSG count)."""
+        parts: list[bytes] = []
+        size = 0
+        messages = 0
+        payload_bytes = 0
+        control_bytes = 0
+        outbox = self._outbox
+        while outbox and size < max_bytes:
+            entry = outbox.popleft()
+            if entry.__class__ is bytes:
+                data = entry
+                control_bytes += len(data)  # type: ignore[arg-type]
+            else:
+                message, sub_id, seq = entry  # type: ignore[misc]
+                data = encode_msg(message, sub_id, seq)
+                messages += 1
+                payload_bytes += message.size
+            parts.append(data)  # type: ignore[arg-type]
+            size += len(data)
+        self._queued_messages -= messages
+        self._queued_bytes -= payload_bytes
+        self._control_bytes -= control_bytes
+        if parts:
+            self._drops_in_a_row = 0
+        if self._control_bytes <= self.limits.bytes:
+            self._drained.set()
+        return b"".join(parts), messages

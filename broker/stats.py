@@ -1,0 +1,43 @@
+"""Broker counters: everything an operator would graph, as one snapshot."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Counters:
+    connections_total: int = 0
+    connections_refused: int = 0
+    messages_in: int = 0
+    messages_out: int = 0
+    messages_unrouted: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    bytes_sent: int = 0
+    dropped: int = 0
+    slow_consumer_disconnects: int = 0
+    idle_disconnects: int = 0
+    subscribes: int = 0
+    unsubscribes: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "connections_total": self.connections_total,
+            "connections_refused": self.connections_refused,
+            "messages_in": self.messages_in,
+            "messages_out": self.messages_out,
+            "messages_unrouted": self.messages_unrouted,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "bytes_sent": self.bytes_sent,
+            "dropped": self.dropped,
+            "slow_consumer_disconnects": self.slow_consumer_disconnects,
+            "idle_disconnects": self.idle_disconnects,
+            "subscribes": self.subscribes,
+            "unsubscribes": self.unsubscribes,
+            "errors": dict(self.errors),
+        }
