@@ -460,7 +460,11 @@ class Client:
 
     @asynccontextmanager
     async def subscribe(
-        self, filter: str, dialect: str = "native", *, sync: bool = False,
+        self,
+        filter: str,
+        dialect: str = "native",
+        *,
+        sync: bool = False,
         buffer: int = SUBSCRIPTION_BUFFER,
     ) -> AsyncIterator[Subscription]:
         """Subscribe; the broker has confirmed it when the block starts."""

@@ -130,6 +130,7 @@ class ClientConnection:
     async def _finish(self, session: Session, reason: RemoteProtocolError | None) -> None:
         if reason is None or self._broken:
             return  # EOF or a dead socket: nobody to tell
+        session.accepting = False
         if reason.code == ErrorCode.SLOW_CONSUMER:
             session.discard_messages()
         self._count_error(reason.code)
@@ -140,8 +141,13 @@ class ClientConnection:
             timeout = self.broker.config.shutdown_timeout
         else:
             timeout = ERROR_FLUSH_SECONDS
-            log.info("closing", peer=self.peer, client=session.client_id, code=str(reason.code),
-                     reason=reason.text)
+            log.info(
+                "closing",
+                peer=self.peer,
+                client=session.client_id,
+                code=str(reason.code),
+                reason=reason.text,
+            )
         with trio.move_on_after(timeout):
             await self._writer_done.wait()
         if not self._broken and not self._shutting_down:

@@ -76,6 +76,7 @@ class Session:
         self._has_data = trio.Event()
         self._drained = trio.Event()
         self._drained.set()
+        self.accepting = True  # False once the connection is closing: nothing after its ERROR
         self.failure: RemoteProtocolError | None = None
         self.failed = trio.Event()
 
@@ -110,6 +111,10 @@ class Session:
     def deliver(self, message: Message, sub_id: int) -> bool:
         """Queue ``message``; False (counted) when the queue is full."""
         limits = self.limits
+        if not self.accepting:
+            self.dropped += 1
+            self.counters.dropped += 1
+            return False
         if (
             self._queued_messages >= limits.messages
             or self._queued_bytes + message.size > limits.bytes

@@ -86,11 +86,7 @@ def test_byte_limit_bounds_how_many_levels_a_rest_wildcard_can_add() -> None:
 # each prefix plus one character, a character differing from each first
 # character, and a `$` level.
 TOPIC_LEVELS = ["a", "b", "$", "aa", "ab", "ba", "bb", "a$", "$a", "$b", "b$", "$$"]
-TOPICS = [
-    list(levels)
-    for n in (1, 2, 3)
-    for levels in itertools.product(TOPIC_LEVELS, repeat=n)
-]
+TOPICS = [list(levels) for n in (1, 2, 3) for levels in itertools.product(TOPIC_LEVELS, repeat=n)]
 NATIVE = ["a", "b", "ab", "$a", "*", "a*", "b*", "$*", ">"]
 MQTT = ["a", "b", "ab", "$a", "+", "#", "*"]
 

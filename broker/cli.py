@@ -1,0 +1,303 @@
+"""The ``topiary`` command: serve, pub, sub, stats.
+
+Client commands find the broker with ``--server HOST:PORT``, else the
+``TOPIARY_SERVER`` environment variable, else 127.0.0.1:7474. Every bad
+argument is one line on stderr and exit status 2; a failure at run time (the
+broker is unreachable, refused a request, a timeout) is one line and status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from typing import Any, NoReturn
+
+import trio
+
+import routing
+
+DEFAULT_SERVER = "127.0.0.1:7474"
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class UsageError(Exception):
+    """A bad argument, reported as one line with exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < 1e9:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
+    return value
+
+
+def _server(text: str) -> str:
+    from broker.client import parse_server
+
+    try:
+        parse_server(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="topiary", description="A smart event broker gateway.")
+    parser.add_argument("--version", action="version", version="topiary 0.1.0")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    default_server = os.environ.get("TOPIARY_SERVER") or DEFAULT_SERVER
+
+    serve = commands.add_parser("serve", help="run a broker")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, help="port to listen on (default 7474)")
+    serve.add_argument("--data-dir", help="directory for stored sessions and messages")
+    serve.add_argument("--log-format", choices=["console", "json"], help="log output format")
+    serve.add_argument("--config", help="TOML config file (see docs/operations.md)")
+    serve.add_argument("--server-id", help="this broker's id (default topiary-PID)")
+
+    pub = commands.add_parser("pub", help="publish messages")
+    pub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    pub.add_argument("--confirm", action="store_true", help="wait for the broker's PUBACK")
+    pub.add_argument("topic")
+    pub.add_argument("message", nargs="?", help="the payload; without it, one per stdin line")
+
+    sub = commands.add_parser("sub", help="print messages as JSON lines")
+    sub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    sub.add_argument("--dialect", choices=["native", "mqtt"], default="native")
+    sub.add_argument("--count", type=_positive_int, help="exit 0 after N messages")
+    sub.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        help="stop after this many seconds (an error if --count was not reached)",
+    )
+    sub.add_argument("filters", nargs="+", metavar="FILTER")
+
+    stats = commands.add_parser("stats", help="print the broker's counters as JSON")
+    stats.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prog = f"topiary {args.command}"
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "pub":
+            _check_topic(args.topic)
+            return trio.run(_pub, args)
+        if args.command == "sub":
+            for text in args.filters:
+                _check_filter(text, args.dialect)
+            return trio.run(_sub, args)
+        if args.command == "stats":
+            return trio.run(_stats, args)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # one line for the operator; the type says what kind
+        print(f"{prog}: {_describe(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+    raise AssertionError(args.command)
+
+
+def _describe(exc: BaseException) -> str:
+    from broker.client import BrokerError, ConnectionLost
+
+    if isinstance(exc, BrokerError):
+        return f"refused by the broker: {exc.code}: {exc.text}"
+    if isinstance(exc, ConnectionLost):
+        return f"connection lost: {exc}"
+    if isinstance(exc, OSError):
+        return f"cannot reach the broker: {exc.strerror or exc}"
+    if isinstance(exc, trio.TooSlowError):
+        return "timed out"
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _describe(exc.exceptions[0])
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _check_topic(topic: str) -> None:
+    try:
+        routing.validate_topic(topic)
+    except routing.TopicError as exc:
+        raise UsageError(f"invalid topic: {exc}") from None
+
+
+def _check_filter(text: str, dialect: str) -> None:
+    try:
+        routing.parse_filter(text, dialect)
+    except routing.TopicError as exc:
+        raise UsageError(f"invalid filter: {exc}") from None
+
+
+# -- serve ----------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from broker.config import ConfigError, build_config
+    from broker.log import configure_logging
+    from broker.server import run_broker
+
+    try:
+        config = build_config(
+            args.config,
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            log_format=args.log_format,
+            server_id=args.server_id,
+        )
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if config.data_dir is not None:
+        try:
+            os.makedirs(config.data_dir, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot use data dir {config.data_dir}: {exc.strerror}") from None
+    configure_logging(config.log_format)
+    try:
+        trio.run(lambda: run_broker(config, handle_signals=True))
+    except OSError as exc:
+        print(
+            f"topiary serve: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    return 0
+
+
+# -- client commands ------------------------------------------------------------------------
+
+
+def _quiet_logs() -> None:
+    from broker.log import configure_logging
+
+    configure_logging("console", level=30)  # warnings and up: stdout stays pure JSON
+
+
+async def _pub(args: argparse.Namespace) -> int:
+    from broker.client import connect
+
+    _quiet_logs()
+    async with connect(args.server) as client:
+        if args.message is not None:
+            await client.publish(args.topic, os.fsencode(args.message), confirm=args.confirm)
+            return 0
+        stdin = trio.wrap_file(sys.stdin.buffer)
+        async for line in stdin:
+            payload = line[:-1] if line.endswith(b"\n") else line
+            await client.publish(args.topic, payload, confirm=args.confirm)
+    return 0
+
+
+def _render(message: Any) -> str:
+    record: dict[str, Any] = {"topic": message.topic}
+    try:
+        record["payload"] = message.payload.decode("utf-8")
+    except UnicodeDecodeError:
+        record["payload"] = base64.b64encode(message.payload).decode("ascii")
+        record["encoding"] = "base64"
+    record["seq"] = message.seq
+    record["id"] = message.id
+    if message.headers:
+        record["headers"] = message.headers
+    return json.dumps(record, ensure_ascii=False)
+
+
+async def _sub(args: argparse.Namespace) -> int:
+    from broker.client import connect
+
+    _quiet_logs()
+    received = 0
+    out = sys.stdout
+    deadline = trio.current_time() + args.timeout if args.timeout else float("inf")
+    with trio.move_on_at(deadline) as waiting:
+        async with connect(args.server) as client, AsyncExitStack() as stack:
+            subs = [
+                await stack.enter_async_context(client.subscribe(text, args.dialect))
+                for text in args.filters
+            ]
+            print(f"subscribed to {', '.join(args.filters)}", file=sys.stderr, flush=True)
+            merged_send, merged_receive = trio.open_memory_channel[Any](0)
+            async with trio.open_nursery() as nursery:
+                for sub in subs:
+                    nursery.start_soon(_forward, sub, merged_send.clone())
+                merged_send.close()
+                seen: set[int] = set()
+                async for message in merged_receive:
+                    if message.seq in seen:  # one MSG, several of our subscriptions
+                        continue
+                    seen.add(message.seq)
+                    if len(seen) > 100_000:
+                        seen.clear()
+                    print(_render(message), file=out, flush=True)
+                    received += 1
+                    if args.count is not None and received >= args.count:
+                        nursery.cancel_scope.cancel()
+                        break
+    if waiting.cancelled_caught and args.count is not None and received < args.count:
+        print(
+            f"topiary sub: timed out after {args.timeout:g} s with {received} of "
+            f"{args.count} messages",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    return 0
+
+
+async def _forward(sub: Any, send: trio.MemorySendChannel[Any]) -> None:
+    async with send:
+        async for message in sub:
+            await send.send(message)
+
+
+async def _stats(args: argparse.Namespace) -> int:
+    from broker.client import connect
+
+    _quiet_logs()
+    async with connect(args.server) as client:
+        stats = await client.stats()
+    print(json.dumps(stats, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The topiary command, driven as an operator would: real processes, real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+TOPIARY = [sys.executable, "-m", "broker.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, proc: subprocess.Popen, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"serve exited early: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("broker did not start listening")
+
+
+@pytest.fixture
+def broker() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TOPIARY, "serve", "--port", str(port), "--log-format", "json"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_listening(port, proc)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+
+
+def run(*args: str, server: str | None = None, stdin: str | None = None, timeout: float = 20):
+    env = dict(os.environ)
+    if server is not None:
+        env["TOPIARY_SERVER"] = server
+    return subprocess.run(
+        [*TOPIARY, *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def start_sub(*args: str, server: str) -> subprocess.Popen:
+    env = dict(os.environ, TOPIARY_SERVER=server)
+    proc = subprocess.Popen(
+        [*TOPIARY, "sub", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # "subscribed to ..." once the broker confirmed
+    assert line.startswith("subscribed to"), line
+    return proc
+
+
+def test_pub_sub_and_stats_end_to_end(broker: str) -> None:
+    sub = start_sub("--count", "3", "--timeout", "10", "beacon/eu/>", server=broker)
+    first = run("pub", "--confirm", "beacon/eu/de/s1/cart/view", "hello", server=broker)
+    assert first.returncode == 0, first.stderr
+    assert run("pub", "beacon/na/us/s2/cart/view", "not for eu", server=broker).returncode == 0
+    piped = run("pub", "--confirm", "beacon/eu/fr/s3/home/view", server=broker, stdin="a\nb\n")
+    assert piped.returncode == 0, piped.stderr
+    out, err = sub.communicate(timeout=15)
+    assert sub.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(r["topic"], r["payload"]) for r in lines] == [
+        ("beacon/eu/de/s1/cart/view", "hello"),
+        ("beacon/eu/fr/s3/home/view", "a"),
+        ("beacon/eu/fr/s3/home/view", "b"),
+    ]
+    assert all(set(r) == {"topic", "payload", "seq", "id"} for r in lines)
+    assert [r["seq"] for r in lines] == [1, 2, 3]
+    stats = run("stats", server=broker)
+    assert stats.returncode == 0
+    counters = json.loads(stats.stdout)
+    assert counters["messages_in"] == 4
+    assert counters["messages_out"] == 3
+
+
+def test_binary_payload_is_printed_as_base64(broker: str) -> None:
+    sub = start_sub("--count", "1", "--timeout", "10", "--dialect", "mqtt", "bin/#", server=broker)
+    subprocess.run(
+        [*TOPIARY, "pub", "--server", broker, "bin/x"],
+        input=b"\xff\xfe\n",
+        check=True,
+        timeout=20,
+    )
+    out, _ = sub.communicate(timeout=15)
+    record = json.loads(out)
+    assert record["encoding"] == "base64"
+    assert record["payload"] == "//4="
+
+
+def test_sub_times_out_with_an_error_when_count_is_not_reached(broker: str) -> None:
+    result = run("sub", "--count", "2", "--timeout", "0.5", "quiet/>", server=broker)
+    assert result.returncode == 1
+    assert "timed out" in result.stderr and "0 of 2" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pub", "a/*", "x"],
+        ["sub", "a/>/b"],
+        ["sub", "--dialect", "amqp", "a"],
+        ["sub", "--count", "0", "a"],
+        ["sub", "--timeout", "-1", "a"],
+        ["pub", "--server", "host:notaport", "a", "x"],
+        ["serve", "--port", "99999"],
+        ["serve", "--log-format", "xml"],
+        ["frobnicate"],
+    ],
+)
+def test_invalid_arguments_get_one_line_and_status_2(args: list[str]) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "error" in result.stderr
+
+
+def test_bad_config_file_is_one_line(tmp_path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[server]\nprot = 1\n")
+    result = run("serve", "--config", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"topiary serve: error: {path}: unknown key 'prot' in [server] "
+        "(known: host, port, data_dir, log_format, server_id)"
+    )
+
+
+def test_unreachable_broker_is_one_line_and_status_1() -> None:
+    result = run("pub", "--server", f"127.0.0.1:{free_port()}", "a", "x")
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "cannot reach the broker" in result.stderr
+
+
+def test_serve_stops_cleanly_on_sigint(broker: str) -> None:
+    # the fixture sends SIGTERM; here SIGINT on a second broker
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TOPIARY, "serve", "--port", str(port)], stderr=subprocess.PIPE, text=True
+    )
+    wait_listening(port, proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 0

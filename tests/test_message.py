@@ -1,0 +1,33 @@
+"""The fast MSG encoder says exactly what the Msg frame says."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.frames import Msg, decode_frame, encode_frame
+from broker.message import Message, encode_msg
+
+headers = st.none() | st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3)
+
+
+@given(
+    st.sampled_from(["a", "beacon/eu/de/site42/checkout/purchase", "x/\u00e9/y"]),
+    st.binary(max_size=300),
+    headers,
+    st.text(min_size=1, max_size=20),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**64 - 1),
+)
+def test_fast_msg_encoding_decodes_to_the_msg_frame(
+    topic: str, payload: bytes, hdrs: dict | None, msg_id: str, sub: int, seq: int
+) -> None:
+    wire = encode_msg(Message(topic, payload, hdrs, msg_id), sub, seq)
+    assert int.from_bytes(wire[:4], "big") == len(wire) - 4
+    expected = Msg(sub=sub, seq=seq, topic=topic, payload=payload, headers=hdrs, msg_id=msg_id)
+    assert decode_frame(wire[4:]) == expected
+    assert decode_frame(encode_frame(expected)) == expected
+
+
+def test_shared_part_is_encoded_once() -> None:
+    message = Message("a", b"p", None, "id")
+    first = message.shared_wire()
+    assert message.shared_wire()[0] is first[0]
