@@ -17,7 +17,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(PY) bench/filter_throughput.py --sizes 1000,10000,100000
+	$(PY) -m broker.demo
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
