@@ -1,0 +1,1250 @@
+"""End-to-end benchmark: publish -> broker -> deliver over loopback, each party its own process.
+
+    python bench/e2e.py [--quick] [--json PATH] [--only NAMES] [--seed N] [--log-dir DIR]
+
+Processes. Every scenario starts a fresh broker, ``python -m broker.cli serve --port P
+--log-format json`` (P a free 127.0.0.1 port; stdout and stderr go to a log file that is
+scanned for warnings, errors and tracebacks afterwards), and stops it with SIGTERM (SIGKILL
+after 10 s). Subscribers and the publisher are ``multiprocessing`` processes (spawn context),
+never the process that runs this script; the script only coordinates them through pipes,
+asks the broker for its ``stats`` between phases and reads its RSS and CPU time from /proc.
+
+Scenarios (payloads of 500 bytes):
+
+- ``exact``      1 subscriber connection holding one exact filter; 1 publisher on that topic.
+- ``wild-1k``    ``workload.subscriptions(1000, seed)`` over 4 subscriber connections in
+                 2 processes (2 connections each); connection k holds entries ``k::4`` (a
+                 quarter each, round-robin, so the platform-wide filters such as
+                 ``beacon/#`` land on different connections), each SUB with its entry's
+                 dialect. The publisher draws topics from ``workload.topics(n, seed)``. The
+                 broker sends a message once per session however many of its filters match,
+                 so a delivery is one MSG on one connection; ``deliv/pub`` is the mean number
+                 of connections a message reached.
+- ``wild-10k``   the same with 10,000 subscriptions.
+- ``fanout-50``  one topic, 50 subscriber connections in 5 processes (10 each), 1 publisher.
+- ``subscribe-50k``  one raw connection (``broker.protocol.Connection``) sends 50,000
+                 distinct SUB frames (workload filters, deduplicated) as one pipelined
+                 buffer after HELLO/WELCOME; the time from the first byte sent to the last
+                 SUBACK, then the same for 50,000 UNSUBs.
+
+Every subscriber connection also subscribes to ``bench/control/done``. Each publish scenario
+has two phases:
+
+a. throughput: the publisher (``broker.client``, ``publish`` without confirm) publishes as
+   fast as it can, up to 200,000 messages or 5 s, then the marker ``done:a:0`` on the
+   control topic with ``confirm=True`` (the barrier). published/s = messages / (first
+   publish -> the barrier's PUBACK). The broker keeps each session's order, so a subscriber
+   that sees the marker has seen every message before it that was not dropped. The outbound
+   queue is bounded (it drops when full), so the marker can be dropped too: the publisher
+   repeats it (``done:a:1``, ...) every 100 ms until every subscriber has reported; a
+   subscriber stops counting at the first marker it sees (``done_index`` > 0 in the JSON
+   means marker 0 was dropped for that connection). delivered/s = MSGs received by all
+   subscriber connections / (first publish -> last connection's marker).
+b. latency: 2,000 msg/s for 2.5 s, paced to an absolute schedule with ``trio.sleep_until``;
+   the first 8 bytes of each payload are the publisher's ``time.monotonic_ns()``
+   (CLOCK_MONOTONIC is system-wide on Linux); a subscriber takes the time when the read that
+   brought the MSG returned. p50 / p99 / max over all deliveries.
+
+Subscribers read with a lean parser (length prefix + ``msgpack.unpackb``) rather than the
+full client, so that their CPU cost (which competes with the broker's on a small machine)
+stays low; they handle connections of one process as trio tasks.
+
+Per scenario: broker RSS (VmRSS, and VmHWM, at the end), broker ``stats`` deltas per phase
+(messages in/out, dropped, slow-consumer disconnects), broker CPU utilisation per phase
+(utime + stime from /proc over wall time), the expected number of deliveries (the same
+topics matched against each connection's filters with ``routing.SubscriptionTable``) and
+the missing ones (expected - received; should equal the broker's dropped count).
+
+Every party shares the machine: on 2 cores the publisher and subscribers compete with the
+broker for CPU, and another benchmark running at the same time shows up as noise (the load
+average at start and end is printed and recorded). The goals are checked for information
+only: delivered/s >= 75,000 for wild-1k, p99 < 2 ms at 2,000 msg/s, 50,000 subscribes < 1 s.
+
+``--quick`` uses tiny counts (a CI smoke test, well under 20 s). The exit status is 0 unless
+a scenario failed to run (a worker error, a timeout, a broker that did not start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import multiprocessing
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection as Pipe
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository root
+    sys.path.insert(0, str(ROOT))
+
+import msgpack  # noqa: E402
+import trio  # noqa: E402
+
+from bench import workload  # noqa: E402
+from broker.client import connect  # noqa: E402
+from broker.frames import (  # noqa: E402
+    PROTOCOL_VERSION,
+    Error,
+    Frame,
+    Hello,
+    Pong,
+    Sub,
+    SubAck,
+    Unsub,
+    UnsubAck,
+    Welcome,
+)
+from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role  # noqa: E402
+from routing import NATIVE, SubscriptionTable  # noqa: E402
+
+HOST = "127.0.0.1"
+PAYLOAD_SIZE = 500
+CONTROL_TOPIC = "bench/control/done"
+EXACT_TOPIC = "bench/exact/orders"
+FANOUT_TOPIC = "bench/fanout/prices"
+RECEIVE_SIZE = 256 * 1024
+KEEPALIVE = 600.0  # seconds; subscribers only read, so ask the broker not to expect PINGs
+DONE_RESEND_SECONDS = 0.1
+DONE_RESEND_LIMIT = 120.0  # the publisher gives up repeating the marker after this
+BROKER_START_TIMEOUT = 20.0
+BROKER_STOP_TIMEOUT = 10.0
+WORKER_READY_TIMEOUT = 120.0
+GOAL_DELIVERED = 75_000
+GOAL_P99_MS = 2.0
+GOAL_SUBSCRIBE_SECONDS = 1.0
+GOAL_SUBSCRIBE_COUNT = 50_000
+
+PUBLISH_SCENARIOS = ("exact", "wild-1k", "wild-10k", "fanout-50")
+SUBSCRIBE_SCENARIO = "subscribe-50k"
+ALL_SCENARIOS = (*PUBLISH_SCENARIOS, SUBSCRIBE_SCENARIO)
+
+FULL: dict[str, Any] = {
+    "throughput_max": 200_000,
+    "throughput_seconds": 5.0,
+    "latency_rate": 2_000,
+    "latency_seconds": 2.5,
+    "wild_connections": 4,
+    "wild_processes": 2,
+    "fanout_connections": 50,
+    "fanout_processes": 5,
+    "subscribe_count": 50_000,
+    "drain_timeout": 30.0,
+}
+QUICK: dict[str, Any] = {
+    **FULL,
+    "throughput_max": 2_000,
+    "throughput_seconds": 0.5,
+    "latency_seconds": 0.25,
+    "subscribe_count": 5_000,
+    "drain_timeout": 15.0,
+}
+
+
+class BenchError(Exception):
+    """A scenario could not run (worker failure, timeout, broker not starting)."""
+
+
+# -- subscriber side (runs in worker processes) -------------------------------------------
+
+
+async def _next_frame(stream: trio.SocketStream, proto: Connection) -> Frame:
+    while True:
+        event = proto.next_event()
+        if event is NEED_DATA:
+            proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
+            continue
+        if isinstance(event, ConnectionClosed):
+            raise BenchError("the broker closed the connection")
+        return event  # type: ignore[return-value]
+
+
+async def open_raw(port: int) -> tuple[trio.SocketStream, Connection]:
+    """A TCP connection after HELLO / WELCOME, and its protocol object."""
+    stream = await trio.open_tcp_stream(HOST, port)
+    proto = Connection(Role.CLIENT)
+    await stream.send_all(proto.send(Hello(version=PROTOCOL_VERSION, keepalive=KEEPALIVE)))
+    welcome = await _next_frame(stream, proto)
+    if not isinstance(welcome, Welcome):
+        raise BenchError(f"expected WELCOME, got {welcome!r}")
+    return stream, proto
+
+
+async def pipelined(
+    stream: trio.SocketStream, proto: Connection, data: bytes, want: type, count: int
+) -> tuple[float, list[Frame], list[Error]]:
+    """Send ``data`` while reading ``count`` replies of type ``want`` (or ERRORs).
+
+    Returns the seconds from the first byte sent to the last reply, the replies and the
+    errors.
+    """
+    replies: list[Frame] = []
+    errors: list[Error] = []
+    started = time.perf_counter()
+    elapsed = 0.0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream.send_all, data)
+        while len(replies) + len(errors) < count:
+            frame = await _next_frame(stream, proto)
+            if isinstance(frame, want):
+                replies.append(frame)
+            elif isinstance(frame, Error):
+                errors.append(frame)
+        elapsed = time.perf_counter() - started
+    return elapsed, replies, errors
+
+
+class SubscriberConnection:
+    """One subscriber connection: raw SUBs, then a lean MSG counter."""
+
+    def __init__(self, stream: trio.SocketStream, proto: Connection) -> None:
+        self.stream = stream
+        self.proto = proto
+        self.buffer = bytearray()
+        self.subscribed = 0
+        self.last_result: dict[str, Any] | None = None
+
+    @classmethod
+    async def open(cls, port: int) -> SubscriberConnection:
+        return cls(*await open_raw(port))
+
+    async def subscribe(self, filters: list[tuple[str, str]]) -> None:
+        wanted = [*filters, (CONTROL_TOPIC, NATIVE)]
+        frames = [Sub(id=i, filter=f, dialect=d) for i, (f, d) in enumerate(wanted, 1)]
+        _, acks, errors = await pipelined(
+            self.stream, self.proto, self.proto.send_many(frames), SubAck, len(frames)
+        )
+        if errors:
+            raise BenchError(
+                f"{len(errors)} SUBs refused, first: {errors[0].code} {errors[0].text}"
+            )
+        if self.proto.buffered:
+            raise BenchError("unexpected bytes after the last SUBACK")
+        self.subscribed = len(acks)
+
+    async def count_until_done(self, phase: str, latencies: bool) -> dict[str, Any]:
+        """Read MSGs until the first ``done:{phase}:k`` marker (or EOF, an ERROR, cancel)."""
+        marker = f"done:{phase}:".encode()
+        stream = self.stream
+        buf = self.buffer
+        unpack = msgpack.unpackb
+        count = 0
+        late = 0
+        samples: list[int] = []
+        done_at: int | None = None
+        done_index: int | None = None
+        error: str | None = None
+        self.last_result = None
+        try:
+            while done_at is None and error is None:
+                try:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    error = f"connection broken: {exc}"
+                    break
+                if not data:
+                    error = "EOF: the broker closed the connection"
+                    break
+                now = time.monotonic_ns()
+                buf += data
+                pos = 0
+                end_buf = len(buf)
+                while end_buf - pos >= 4:
+                    end = pos + 4 + int.from_bytes(buf[pos : pos + 4], "big")
+                    if end > end_buf:
+                        break
+                    body = unpack(buf[pos + 4 : end])
+                    pos = end
+                    kind = body.get("type")
+                    if kind == "MSG":
+                        if body["topic"] == CONTROL_TOPIC:
+                            payload = body["payload"]
+                            if done_at is None and payload.startswith(marker):
+                                done_at = now
+                                done_index = int(payload[len(marker) :])
+                        elif done_at is not None:
+                            late += 1  # cannot happen: nothing is published after the marker
+                        else:
+                            count += 1
+                            if latencies:
+                                samples.append(now - int.from_bytes(body["payload"][:8], "big"))
+                    elif kind == "PING":
+                        await stream.send_all(self.proto.send(Pong(id=body.get("id", 0))))
+                    elif kind == "ERROR":
+                        error = f"ERROR {body.get('code')}: {body.get('text')}"
+                del buf[:pos]
+        finally:
+            self.last_result = {
+                "count": count,
+                "done_ns": done_at,
+                "done_index": done_index,
+                "error": error,
+                "late": late,
+                "latencies_ns": samples,
+            }
+        return self.last_result
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.stream)
+
+
+async def _count_into(
+    results: list[dict[str, Any] | None], index: int, conn: SubscriberConnection, phase: str
+) -> None:
+    results[index] = await conn.count_until_done(phase, latencies=phase == "b")
+
+
+async def subscriber_main(pipe: Pipe, port: int, connections: list[list[tuple[str, str]]]) -> None:
+    conns: list[SubscriberConnection] = []
+    try:
+        for _ in connections:
+            conns.append(await SubscriberConnection.open(port))
+        async with trio.open_nursery() as nursery:
+            for conn, filters in zip(conns, connections, strict=True):
+                nursery.start_soon(conn.subscribe, filters)
+        pipe.send(("ready", {"subscribed": [c.subscribed for c in conns], "pid": os.getpid()}))
+        while True:
+            command = await trio.to_thread.run_sync(pipe.recv)
+            if command[0] == "stop":
+                return
+            _, phase, timeout = command
+            cpu = time.process_time()
+            results: list[dict[str, Any] | None] = [None] * len(conns)
+            pipe.send(("armed",))
+            with trio.move_on_after(timeout):
+                async with trio.open_nursery() as nursery:
+                    for index, conn in enumerate(conns):
+                        nursery.start_soon(_count_into, results, index, conn, phase)
+            for index, result in enumerate(results):
+                if result is None:  # cancelled before it returned: a timeout
+                    partial = conns[index].last_result or {"count": 0, "late": 0}
+                    results[index] = {
+                        **partial,
+                        "done_ns": None,
+                        "done_index": None,
+                        "error": f"no done marker within {timeout:g} s",
+                        "latencies_ns": partial.get("latencies_ns", []),
+                    }
+            pipe.send(("result", results, time.process_time() - cpu))
+    finally:
+        for conn in conns:
+            await conn.aclose()
+
+
+# -- publisher side (runs in a worker process) --------------------------------------------
+
+
+def _publisher_topics(spec: tuple[str, Any], seed: int) -> list[str]:
+    kind, value = spec
+    return workload.topics(value, seed) if kind == "wild" else [value]
+
+
+async def _publish_throughput(
+    client: Any, topics: list[str], payload: bytes, limit: int, seconds: float
+) -> dict[str, Any]:
+    publish = client.publish
+    n_topics = len(topics)
+    sent = 0
+    first = time.monotonic_ns()
+    deadline = first + int(seconds * 1e9)
+    while sent < limit:
+        await publish(topics[sent % n_topics], payload)
+        sent += 1
+        if not sent & 255 and time.monotonic_ns() >= deadline:
+            break
+    last = time.monotonic_ns()
+    await publish(CONTROL_TOPIC, b"done:a:0", confirm=True)
+    barrier = time.monotonic_ns()
+    return {"sent": sent, "first_ns": first, "last_ns": last, "barrier_ns": barrier}
+
+
+async def _publish_paced(
+    client: Any, topics: list[str], payload: bytes, rate: int, seconds: float
+) -> dict[str, Any]:
+    publish = client.publish
+    n_topics = len(topics)
+    total = max(1, round(rate * seconds))
+    filler = payload[8:]
+    worst_lag = 0.0
+    start = trio.current_time() + 0.01
+    first = time.monotonic_ns()
+    for i in range(total):
+        due = start + i / rate
+        now = trio.current_time()
+        if now < due:
+            await trio.sleep_until(due)
+        else:
+            worst_lag = max(worst_lag, now - due)
+        await publish(topics[i % n_topics], time.monotonic_ns().to_bytes(8, "big") + filler)
+    last = time.monotonic_ns()
+    await publish(CONTROL_TOPIC, b"done:b:0", confirm=True)
+    barrier = time.monotonic_ns()
+    return {
+        "sent": total,
+        "first_ns": first,
+        "last_ns": last,
+        "barrier_ns": barrier,
+        "achieved_rate": total / max((last - first) / 1e9, 1e-9),
+        "worst_lag_ms": worst_lag * 1000,
+    }
+
+
+async def publisher_main(pipe: Pipe, port: int, spec: tuple[str, Any], seed: int) -> None:
+    topics = _publisher_topics(spec, seed)
+    payload = bytes(range(256)) * (PAYLOAD_SIZE // 256) + bytes(PAYLOAD_SIZE % 256)
+    async with connect((HOST, port), keepalive=KEEPALIVE) as client:
+        pipe.send(("ready", {"topics": len(topics), "pid": os.getpid()}))
+        while True:
+            command = await trio.to_thread.run_sync(pipe.recv)
+            if command[0] == "stop":
+                return
+            cpu = time.process_time()
+            if command[0] == "throughput":
+                phase = "a"
+                info = await _publish_throughput(client, topics, payload, *command[1:])
+            else:
+                phase = "b"
+                info = await _publish_paced(client, topics, payload, *command[1:])
+            info["cpu_seconds"] = time.process_time() - cpu
+            pipe.send(("published", info))
+            # Repeat the marker until every subscriber has it (it may have been dropped).
+            resent = 0
+            give_up = trio.current_time() + DONE_RESEND_LIMIT
+            while not pipe.poll() and trio.current_time() < give_up:
+                await trio.sleep(DONE_RESEND_SECONDS)
+                resent += 1
+                await client.publish(CONTROL_TOPIC, f"done:{phase}:{resent}".encode(), confirm=True)
+            await trio.to_thread.run_sync(pipe.recv)  # "enough"
+            pipe.send(("stopped", {"markers_resent": resent}))
+
+
+def _worker_entry(target: Callable[..., Any], pipe: Pipe, *args: Any) -> None:
+    try:
+        trio.run(target, pipe, *args)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            pipe.send(("error", traceback.format_exc()))
+        raise SystemExit(1) from None
+
+
+# -- coordinator side ---------------------------------------------------------------------
+
+
+class Worker:
+    """A worker process and the coordinator's end of its pipe."""
+
+    def __init__(self, ctx: Any, target: Callable[..., Any], args: tuple, name: str) -> None:
+        self.name = name
+        self.pipe, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_worker_entry, args=(target, child, *args), name=name, daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.pid = self.process.pid
+
+    def send(self, message: tuple) -> None:
+        self.pipe.send(message)
+
+    def expect(self, kind: str, timeout: float) -> tuple:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BenchError(f"{self.name}: no {kind!r} within {timeout:g} s")
+            if self.pipe.poll(min(remaining, 0.2)):
+                try:
+                    message = self.pipe.recv()
+                except EOFError:
+                    raise BenchError(f"{self.name} exited ({self.process.exitcode})") from None
+                if message[0] == "error":
+                    raise BenchError(f"{self.name} failed:\n{message[1]}")
+                if message[0] != kind:
+                    raise BenchError(f"{self.name}: expected {kind!r}, got {message[0]!r}")
+                return message
+            if not self.process.is_alive() and not self.pipe.poll(0):
+                raise BenchError(f"{self.name} exited with status {self.process.exitcode}")
+
+    def stop(self) -> None:
+        """Ask it to finish; terminate, then kill, if it does not."""
+        if self.process.is_alive():
+            with contextlib.suppress(OSError, ValueError):
+                self.pipe.send(("stop",))
+            self.process.join(5)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        self.pipe.close()
+
+
+@dataclass
+class BrokerProcess:
+    popen: subprocess.Popen
+    port: int
+    log_path: Path
+    log_file: Any
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+def _profile_path(profile_dir: Path | None, name: str) -> Path | None:
+    if profile_dir is None:
+        return None
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    return profile_dir / f"{name}.prof"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def start_broker(log_path: Path, profile: Path | None = None) -> BrokerProcess:
+    """A broker on a free port; under cProfile (stats written at exit) if ``profile``."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "broker.cli", "serve",
+        "--port", str(port), "--host", HOST, "--log-format", "json",
+    ]  # fmt: skip
+    if profile is not None:
+        command[1:1] = ["-m", "cProfile", "-o", str(profile)]
+    log_file = open(log_path, "wb")  # noqa: SIM115 (closed in stop_broker)
+    popen = subprocess.Popen(
+        command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file
+    )
+    broker = BrokerProcess(popen, port, log_path, log_file)
+    deadline = time.monotonic() + BROKER_START_TIMEOUT
+    while True:
+        if popen.poll() is not None:
+            stop_broker(broker)
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise BenchError(f"the broker exited with status {popen.returncode}:\n{tail}")
+        try:
+            with socket.create_connection((HOST, port), timeout=1):
+                return broker
+        except OSError:
+            if time.monotonic() > deadline:
+                stop_broker(broker)
+                raise BenchError(
+                    f"the broker did not listen within {BROKER_START_TIMEOUT} s"
+                ) from None
+            time.sleep(0.05)
+
+
+def stop_broker(broker: BrokerProcess) -> dict[str, Any]:
+    """SIGTERM, then SIGKILL after 10 s; the exit status and how long it took."""
+    popen = broker.popen
+    started = time.monotonic()
+    killed = False
+    try:
+        if popen.poll() is None:
+            popen.send_signal(signal.SIGTERM)
+            try:
+                popen.wait(BROKER_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                killed = True
+                popen.kill()
+                popen.wait()
+    finally:
+        broker.log_file.close()
+    return {
+        "exit_status": popen.returncode,
+        "stop_seconds": round(time.monotonic() - started, 3),
+        "killed": killed,
+    }
+
+
+def broker_stats(port: int) -> dict[str, Any]:
+    async def fetch() -> dict[str, Any]:
+        with trio.fail_after(15):
+            async with connect((HOST, port)) as client:
+                return await client.stats()
+
+    return trio.run(fetch)
+
+
+def proc_status(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM of ``pid`` in MB."""
+    out: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far."""
+    return sum(cpu_times(pid))
+
+
+def scan_log(path: Path) -> dict[str, Any]:
+    """Levels, warnings/errors/tracebacks and "closing" events in the broker's log."""
+    levels: Counter[str] = Counter()
+    closing: Counter[str] = Counter()
+    problems: list[str] = []
+    problem_count = 0
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return {"error": str(exc)}
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            levels["(not json)"] += 1
+            problem_count += 1
+            if len(problems) < 12:
+                problems.append(line[:400])
+            continue
+        level = str(record.get("level", "?"))
+        levels[level] += 1
+        if record.get("event") == "closing":
+            closing[str(record.get("code"))] += 1
+        if level in ("warning", "error", "critical", "exception"):
+            problem_count += 1
+            if len(problems) < 12:
+                problems.append(line[:400])
+    return {
+        "lines": len(lines),
+        "levels": dict(levels),
+        "closing": dict(closing),
+        "problem_count": problem_count,
+        "problems": problems,
+    }
+
+
+def percentile(ordered: list[int], q: float) -> int:
+    """Nearest-rank percentile of a sorted list."""
+    rank = max(1, math.ceil(len(ordered) * q))
+    return ordered[min(len(ordered), rank) - 1]
+
+
+# -- scenarios -----------------------------------------------------------------------------
+
+
+@dataclass
+class Scenario:
+    name: str
+    publisher_topics: tuple[str, Any]  # ("wild", n) or ("fixed", topic)
+    processes: list[list[list[tuple[str, str]]]]  # process -> connection -> (filter, dialect)
+    subscriptions: int
+    layout: str
+    table: SubscriptionTable | None = None  # wildcard: subscriber = connection index
+    fan_cache: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def connections(self) -> int:
+        return sum(len(p) for p in self.processes)
+
+    def expected(self, topics: list[str], sent: int) -> int:
+        """Deliveries (one per connection a message matches) for the first ``sent``."""
+        if self.table is None:
+            return sent * self.connections
+        total = 0
+        cache = self.fan_cache
+        for i in range(sent):
+            topic = topics[i % len(topics)]
+            fan = cache.get(topic)
+            if fan is None:
+                fan = cache[topic] = len(self.table.match_uncached(topic))
+            total += fan
+        return total
+
+
+def _split(items: list, parts: int) -> list[list]:
+    return [items[k::parts] for k in range(parts)]
+
+
+def build_scenario(name: str, params: dict[str, Any], seed: int) -> Scenario:
+    topic_count = max(params["throughput_max"], params["latency_rate"] * 3)
+    if name == "exact":
+        return Scenario(
+            name,
+            ("fixed", EXACT_TOPIC),
+            [[[(EXACT_TOPIC, NATIVE)]]],
+            1,
+            "1 process x 1 connection, 1 exact filter",
+        )
+    if name == "fanout-50":
+        n, procs = params["fanout_connections"], params["fanout_processes"]
+        conns = [[(FANOUT_TOPIC, NATIVE)] for _ in range(n)]
+        return Scenario(
+            name,
+            ("fixed", FANOUT_TOPIC),
+            _split(conns, procs),
+            n,
+            f"{procs} processes x {n // procs} connections, 1 exact filter each",
+        )
+    if name in ("wild-1k", "wild-10k"):
+        size = 1_000 if name == "wild-1k" else 10_000
+        n, procs = params["wild_connections"], params["wild_processes"]
+        entries = workload.subscriptions(size, seed)
+        conns = [[(f, d) for f, _, d in part] for part in _split(entries, n)]
+        table = SubscriptionTable(cache_size=0)
+        for index, part in enumerate(conns):
+            for f, d in part:
+                table.add(f, index, d)
+        return Scenario(
+            name,
+            ("wild", topic_count),
+            _split(conns, procs),
+            size,
+            f"{procs} processes x {n // procs} connections, workload entries k::{n} each",
+            table,
+        )
+    raise ValueError(name)
+
+
+def _phase(
+    kind: str,
+    sc: Scenario,
+    subs: list[Worker],
+    pub: Worker,
+    broker: BrokerProcess,
+    params: dict[str, Any],
+    topics: list[str],
+) -> dict[str, Any]:
+    if kind == "a":
+        seconds = params["throughput_seconds"]
+        command: tuple = ("throughput", params["throughput_max"], seconds)
+    else:
+        seconds = params["latency_seconds"]
+        command = ("latency", params["latency_rate"], seconds)
+    timeout = seconds + params["drain_timeout"]
+    stats_before = broker_stats(broker.port)
+    (user_before, sys_before), wall_before = cpu_times(broker.pid), time.monotonic()
+    for worker in subs:
+        worker.send(("phase", kind, timeout))
+    for worker in subs:
+        worker.expect("armed", 30)
+    pub.send(command)
+    published = pub.expect("published", timeout + 30)[1]
+    conns: list[dict[str, Any]] = []
+    sub_cpu = 0.0
+    for worker in subs:
+        _, results, cpu = worker.expect("result", timeout + 30)
+        conns.extend(results)
+        sub_cpu += cpu
+    (user_after, sys_after), wall_after = cpu_times(broker.pid), time.monotonic()
+    broker_cpu = user_after + sys_after - user_before - sys_before
+    pub.send(("enough",))
+    resent = pub.expect("stopped", 30)[1]["markers_resent"]
+    stats_after = broker_stats(broker.port)
+
+    def delta(key: str) -> int:
+        return int(stats_after.get(key, 0)) - int(stats_before.get(key, 0))
+
+    sent = published["sent"]
+    received = sum(c["count"] or 0 for c in conns)
+    expected = sc.expected(topics, sent)
+    done = [c["done_ns"] for c in conns if c["done_ns"] is not None]
+    complete = len(done) == len(conns)
+    first = published["first_ns"]
+    out: dict[str, Any] = {
+        "published": sent,
+        "published_per_second": sent / max((published["barrier_ns"] - first) / 1e9, 1e-9),
+        "received": received,
+        "expected": expected,
+        "missing": expected - received,
+        "complete": complete,
+        "delivered_per_second": (
+            received / max((max(done) - first) / 1e9, 1e-9) if done and received else None
+        ),
+        "seconds_to_last_marker": (max(done) - first) / 1e9 if done else None,
+        "dropped": delta("dropped"),
+        "messages_in": delta("messages_in"),
+        "messages_out": delta("messages_out"),
+        "slow_consumer_disconnects": delta("slow_consumer_disconnects"),
+        "broker_errors": {
+            k: v - stats_before.get("errors", {}).get(k, 0)
+            for k, v in stats_after.get("errors", {}).items()
+            if v != stats_before.get("errors", {}).get(k, 0)
+        },
+        "broker_queued_after": stats_after.get("queued"),
+        "broker_cpu_utilisation": broker_cpu / max(wall_after - wall_before, 1e-9),
+        "broker_cpu_system_share": (sys_after - sys_before) / broker_cpu if broker_cpu else None,
+        "phase_wall_seconds": wall_after - wall_before,
+        "publisher_cpu_seconds": published["cpu_seconds"],
+        "subscriber_cpu_seconds": sub_cpu,
+        "markers_resent": resent,
+        "marker_dropped_connections": sum(1 for c in conns if (c["done_index"] or 0) > 0),
+        "connection_errors": [c["error"] for c in conns if c["error"]],
+        "late_messages": sum(c["late"] for c in conns),
+        "per_connection_received": [c["count"] for c in conns],
+    }
+    if received:
+        out["deliveries_per_message"] = received / sent if sent else None
+    if kind == "b":
+        samples = sorted(s for c in conns for s in c["latencies_ns"])
+        out["achieved_rate"] = published["achieved_rate"]
+        out["publisher_worst_lag_ms"] = published["worst_lag_ms"]
+        out["latency_samples"] = len(samples)
+        if samples:
+            out["latency_ms"] = {
+                "p50": percentile(samples, 0.50) / 1e6,
+                "p90": percentile(samples, 0.90) / 1e6,
+                "p99": percentile(samples, 0.99) / 1e6,
+                "p999": percentile(samples, 0.999) / 1e6,
+                "max": samples[-1] / 1e6,
+                "min": samples[0] / 1e6,
+            }
+    return out
+
+
+def run_publish_scenario(
+    name: str,
+    params: dict[str, Any],
+    seed: int,
+    ctx: Any,
+    log_dir: Path,
+    profile_dir: Path | None = None,
+) -> dict[str, Any]:
+    sc = build_scenario(name, params, seed)
+    topics = _publisher_topics(sc.publisher_topics, seed)
+    result: dict[str, Any] = {
+        "name": name,
+        "subscriptions": sc.subscriptions,
+        "connections": sc.connections,
+        "subscriber_processes": len(sc.processes),
+        "layout": sc.layout,
+        "publisher_topics": len(topics),
+    }
+    broker: BrokerProcess | None = None
+    workers: list[Worker] = []
+    started = time.monotonic()
+    try:
+        broker = start_broker(log_dir / f"{name}.log", _profile_path(profile_dir, name))
+        result["broker_pid"] = broker.pid
+        result["broker_log"] = str(broker.log_path)
+        subs = [
+            Worker(ctx, subscriber_main, (broker.port, conns), f"{name}-sub{i}")
+            for i, conns in enumerate(sc.processes)
+        ]
+        workers.extend(subs)
+        pub = Worker(ctx, publisher_main, (broker.port, sc.publisher_topics, seed), f"{name}-pub")
+        workers.append(pub)
+        result["worker_pids"] = [w.pid for w in workers]
+        ready = [w.expect("ready", WORKER_READY_TIMEOUT)[1] for w in workers]
+        result["subscribed"] = sum(sum(r["subscribed"]) for r in ready[:-1])
+        result["setup_seconds"] = time.monotonic() - started
+        result["throughput"] = _phase("a", sc, subs, pub, broker, params, topics)
+        result["latency"] = _phase("b", sc, subs, pub, broker, params, topics)
+        status = proc_status(broker.pid)
+        result["broker_rss_mb"] = status.get("VmRSS")
+        result["broker_hwm_mb"] = status.get("VmHWM")
+        result["broker_stats"] = broker_stats(broker.port)
+    except (BenchError, OSError, trio.TooSlowError) as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        for worker in workers:
+            worker.stop()
+        if broker is not None:
+            result["broker_stop"] = stop_broker(broker)
+            result["broker_log_summary"] = scan_log(broker.log_path)
+    result["seconds"] = time.monotonic() - started
+    return result
+
+
+def subscribe_filters(count: int, seed: int) -> list[tuple[str, str]]:
+    """``count`` distinct (filter, dialect) pairs shaped like the workload."""
+    found: dict[tuple[str, str], None] = {}
+    for text, _, dialect in workload.subscriptions(count + count // 4, seed):
+        found.setdefault((text, dialect))
+        if len(found) == count:
+            break
+    extra = 0
+    while len(found) < count:
+        found.setdefault((f"bench/extra/{extra}/>", NATIVE))
+        extra += 1
+    return list(found)
+
+
+async def _subscribe_run(port: int, filters: list[tuple[str, str]]) -> dict[str, Any]:
+    with trio.fail_after(120):
+        stream, proto = await open_raw(port)
+        try:
+            started = time.perf_counter()
+            frames = [Sub(id=i, filter=f, dialect=d) for i, (f, d) in enumerate(filters, 1)]
+            data = proto.send_many(frames)
+            encode = time.perf_counter() - started
+            sub_seconds, acks, sub_errors = await pipelined(
+                stream, proto, data, SubAck, len(frames)
+            )
+            base = len(frames) + 1
+            unsubs = [Unsub(id=base + i, sub=ack.sub) for i, ack in enumerate(acks)]  # type: ignore[attr-defined]
+            data = proto.send_many(unsubs)
+            unsub_seconds, unacks, unsub_errors = await pipelined(
+                stream, proto, data, UnsubAck, len(unsubs)
+            )
+        finally:
+            await trio.aclose_forcefully(stream)
+    return {
+        "count": len(frames),
+        "bytes": len(data),
+        "client_encode_seconds": encode,
+        "subscribe_seconds": sub_seconds,
+        "subscribes_per_second": len(acks) / sub_seconds,
+        "subscribe_errors": len(sub_errors),
+        "unsubscribe_seconds": unsub_seconds,
+        "unsubscribes_per_second": len(unacks) / unsub_seconds if unsub_seconds else None,
+        "unsubscribe_errors": len(unsub_errors),
+        "first_error": str((sub_errors or unsub_errors)[0]) if sub_errors or unsub_errors else None,
+    }
+
+
+def run_subscribe_scenario(
+    params: dict[str, Any], seed: int, log_dir: Path, profile_dir: Path | None = None
+) -> dict[str, Any]:
+    count = params["subscribe_count"]
+    filters = subscribe_filters(count, seed)
+    result: dict[str, Any] = {"name": SUBSCRIBE_SCENARIO, "count": count}
+    broker: BrokerProcess | None = None
+    started = time.monotonic()
+    try:
+        broker = start_broker(
+            log_dir / f"{SUBSCRIBE_SCENARIO}.log", _profile_path(profile_dir, SUBSCRIBE_SCENARIO)
+        )
+        result["broker_pid"] = broker.pid
+        result["broker_log"] = str(broker.log_path)
+        cpu_before = cpu_seconds(broker.pid)
+        result.update(trio.run(_subscribe_run, broker.port, filters))
+        result["broker_cpu_seconds"] = cpu_seconds(broker.pid) - cpu_before
+        stats = broker_stats(broker.port)
+        result["broker_subscribes"] = stats.get("subscribes")
+        result["broker_unsubscribes"] = stats.get("unsubscribes")
+        result["table_entries_after"] = stats.get("table", {}).get("entries")
+        status = proc_status(broker.pid)
+        result["broker_rss_mb"] = status.get("VmRSS")
+        result["broker_hwm_mb"] = status.get("VmHWM")
+    except (BenchError, OSError, trio.TooSlowError) as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        if broker is not None:
+            result["broker_stop"] = stop_broker(broker)
+            result["broker_log_summary"] = scan_log(broker.log_path)
+    result["seconds"] = time.monotonic() - started
+    return result
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    return format(value, spec)
+
+
+def table_lines(scenarios: dict[str, dict[str, Any]]) -> list[str]:
+    header = (
+        f"{'scenario':<11} {'subs':>6} {'conns':>5} {'published/s':>12} {'delivered/s':>12} "
+        f"{'deliv/pub':>9} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'RSS MB':>7} "
+        f"{'dropped':>16}"
+    )
+    lines = [header, "-" * len(header)]
+    for name in PUBLISH_SCENARIOS:
+        r = scenarios.get(name)
+        if r is None:
+            continue
+        if "error" in r and "latency" not in r:
+            lines.append(f"{name:<11} failed: {r['error'].splitlines()[0][:80]}")
+            continue
+        a, b = r["throughput"], r["latency"]
+        lat = b.get("latency_ms", {})
+        drops = "0"
+        if a["dropped"] or b["dropped"]:
+            drops = ", ".join(
+                f"{d:,} {label}"
+                for d, label in ((a["dropped"], "tput"), (b["dropped"], "lat"))
+                if d
+            )
+        lines.append(
+            f"{name:<11} {r['subscriptions']:>6,} {r['connections']:>5} "
+            f"{_fmt(a['published_per_second'], ',.0f'):>12} "
+            f"{_fmt(a['delivered_per_second'], ',.0f'):>12} "
+            f"{_fmt(a.get('deliveries_per_message'), '.2f'):>9} "
+            f"{_fmt(lat.get('p50'), '.2f'):>7} {_fmt(lat.get('p99'), '.2f'):>7} "
+            f"{_fmt(lat.get('max'), '.2f'):>7} {_fmt(r.get('broker_rss_mb'), '.1f'):>7} "
+            f"{drops:>16}"
+        )
+    return lines
+
+
+def subscribe_line(r: dict[str, Any]) -> str:
+    if "subscribe_seconds" not in r:
+        return f"{SUBSCRIBE_SCENARIO}: failed: {r.get('error', '?').splitlines()[0][:100]}"
+    return (
+        f"{SUBSCRIBE_SCENARIO}: {r['count']:,} SUBs pipelined: {r['subscribe_seconds']:.3f} s "
+        f"to the last SUBACK ({r['subscribes_per_second']:,.0f}/s); {r['count']:,} UNSUBs: "
+        f"{r['unsubscribe_seconds']:.3f} s ({r['unsubscribes_per_second']:,.0f}/s); "
+        f"errors {r['subscribe_errors'] + r['unsubscribe_errors']}; "
+        f"broker RSS {r['broker_rss_mb']:.1f} MB"
+    )
+
+
+def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
+    scenarios = report["scenarios"]
+    quick = report["parameters"]["quick"]
+    goals: list[dict[str, Any]] = []
+
+    def add(goal: str, value: Any, met: bool | None) -> None:
+        status = "not measured" if met is None else ("PASS" if met else "FAIL")
+        goals.append({"goal": goal, "value": value, "status": status})
+
+    wild = scenarios.get("wild-1k", {}).get("throughput", {})
+    value = wild.get("delivered_per_second")
+    add(
+        f"wild-1k delivered/s >= {GOAL_DELIVERED:,}",
+        value,
+        None if value is None else value >= GOAL_DELIVERED,
+    )
+    for name in PUBLISH_SCENARIOS:
+        lat = scenarios.get(name, {}).get("latency", {}).get("latency_ms")
+        p99 = None if lat is None else lat["p99"]
+        add(
+            f"{name} p99 < {GOAL_P99_MS:g} ms at {report['parameters']['latency_rate']:,} msg/s",
+            p99,
+            None if p99 is None else p99 < GOAL_P99_MS,
+        )
+    sub = scenarios.get(SUBSCRIBE_SCENARIO, {})
+    seconds = sub.get("subscribe_seconds")
+    comparable = sub.get("count") == GOAL_SUBSCRIBE_COUNT
+    add(
+        f"{GOAL_SUBSCRIBE_COUNT:,} subscribes < {GOAL_SUBSCRIBE_SECONDS:g} s",
+        seconds,
+        None if seconds is None or not comparable else seconds < GOAL_SUBSCRIBE_SECONDS,
+    )
+    if quick:
+        for goal in goals:
+            goal["note"] = "quick run: counts too small to judge"
+    return goals
+
+
+def notes(report: dict[str, Any]) -> list[str]:
+    """Anything that looks like a broker problem, one line each."""
+    out: list[str] = []
+    for name, r in report["scenarios"].items():
+        if "error" in r:
+            out.append(f"{name}: FAILED: {r['error'].splitlines()[-1][:200]}")
+        for phase_key in ("throughput", "latency"):
+            p = r.get(phase_key)
+            if not p:
+                continue
+            tag = f"{name} {phase_key}"
+            if p["dropped"]:
+                out.append(
+                    f"{tag}: broker dropped {p['dropped']:,} messages (outbound queue full); "
+                    f"missing {p['missing']:,} of {p['expected']:,} expected deliveries"
+                )
+            elif p["missing"]:
+                out.append(
+                    f"{tag}: {p['missing']:,} of {p['expected']:,} expected deliveries "
+                    "missing although the broker counted no drops"
+                )
+            if p["slow_consumer_disconnects"]:
+                out.append(f"{tag}: {p['slow_consumer_disconnects']} SLOW_CONSUMER disconnects")
+            if p["marker_dropped_connections"]:
+                out.append(
+                    f"{tag}: the done marker was dropped for "
+                    f"{p['marker_dropped_connections']} connection(s) (repeated marker used)"
+                )
+            if p["connection_errors"]:
+                out.append(f"{tag}: connection errors: {p['connection_errors'][:3]}")
+            if p["broker_errors"]:
+                out.append(f"{tag}: broker error counters moved: {p['broker_errors']}")
+            if not p["complete"]:
+                out.append(f"{tag}: not every subscriber saw the done marker")
+            if p["late_messages"]:
+                out.append(f"{tag}: {p['late_messages']} messages after the done marker")
+        summary = r.get("broker_log_summary", {})
+        if summary.get("problem_count"):
+            out.append(
+                f"{name}: broker log has {summary['problem_count']} warning/error/non-JSON "
+                f"lines, first: {summary['problems'][0][:200]}"
+            )
+        stop = r.get("broker_stop", {})
+        if stop.get("killed") or stop.get("exit_status") not in (0, None):
+            out.append(f"{name}: broker stop: {stop}")
+        if name == SUBSCRIBE_SCENARIO and r.get("table_entries_after"):
+            out.append(f"{name}: table holds {r['table_entries_after']} entries after UNSUBs")
+    return out
+
+
+def cpu_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for name in PUBLISH_SCENARIOS:
+        r = report["scenarios"].get(name)
+        if not r or "throughput" not in r:
+            continue
+        a, b = r["throughput"], r["latency"]
+        lines.append(
+            f"  {name:<10} throughput: broker CPU {a['broker_cpu_utilisation']:.0%} "
+            f"({_fmt(a['broker_cpu_system_share'], '.0%')} of it in the kernel), "
+            f"publisher {a['publisher_cpu_seconds']:.1f} s, subscribers "
+            f"{a['subscriber_cpu_seconds']:.1f} s over {a['phase_wall_seconds']:.1f} s; "
+            f"latency: achieved {b['achieved_rate']:,.0f} msg/s, broker CPU "
+            f"{b['broker_cpu_utilisation']:.0%}, {b['latency_samples']:,} samples"
+        )
+    return lines
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "trio": trio.__version__,
+        "msgpack": ".".join(map(str, msgpack.version)),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny counts (CI smoke test)")
+    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    parser.add_argument(
+        "--only",
+        default=",".join(ALL_SCENARIOS),
+        help="comma-separated scenarios to run (default: all: %(default)s)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
+    parser.add_argument(
+        "--log-dir", help="keep the broker logs here (default: a temporary directory, removed)"
+    )
+    parser.add_argument(
+        "--profile-broker",
+        metavar="DIR",
+        help="run each broker under cProfile, writing DIR/<scenario>.prof (slows the broker)",
+    )
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(ALL_SCENARIOS))
+    if unknown or not names:
+        parser.error(f"unknown scenarios {unknown}; known: {', '.join(ALL_SCENARIOS)}")
+    args.names = [n for n in ALL_SCENARIOS if n in names]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    params = dict(QUICK if args.quick else FULL)
+    ctx = multiprocessing.get_context("spawn")
+    report: dict[str, Any] = {
+        "benchmark": "e2e",
+        "machine": machine_info(),
+        "parameters": {
+            **params,
+            "quick": args.quick,
+            "seed": args.seed,
+            "payload_size": PAYLOAD_SIZE,
+            "control_topic": CONTROL_TOPIC,
+            "done_resend_seconds": DONE_RESEND_SECONDS,
+            "scenarios": args.names,
+            "broker_profiled": bool(args.profile_broker),
+        },
+        "load_average_start": os.getloadavg(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "scenarios": {},
+    }
+    started = time.monotonic()
+    temp_dir = None if args.log_dir else tempfile.mkdtemp(prefix="topiary-e2e-")
+    log_dir = Path(args.log_dir or temp_dir)  # type: ignore[arg-type]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    profile_dir = Path(args.profile_broker) if args.profile_broker else None
+    failed = False
+    print(
+        f"e2e: {report['machine']['cpu_count']} CPUs, Python {report['machine']['python']}, "
+        f"load average {' '.join(f'{x:.2f}' for x in report['load_average_start'])}"
+        f"{' (quick)' if args.quick else ''}",
+        flush=True,
+    )
+    try:
+        for name in args.names:
+            print(f"  running {name} ...", flush=True)
+            if name == SUBSCRIBE_SCENARIO:
+                result = run_subscribe_scenario(params, args.seed, log_dir, profile_dir)
+            else:
+                result = run_publish_scenario(name, params, args.seed, ctx, log_dir, profile_dir)
+            if "error" in result:
+                failed = True
+                print(f"  {name} failed: {result['error']}", file=sys.stderr, flush=True)
+            report["scenarios"][name] = result
+    finally:
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+    report["load_average_end"] = os.getloadavg()
+    report["elapsed_seconds"] = time.monotonic() - started
+    report["goals"] = check_goals(report)
+    report["notes"] = notes(report)
+
+    print()
+    for line in table_lines(report["scenarios"]):
+        print(line)
+    if SUBSCRIBE_SCENARIO in report["scenarios"]:
+        print(subscribe_line(report["scenarios"][SUBSCRIBE_SCENARIO]))
+    print()
+    print(
+        f"payload {PAYLOAD_SIZE} B; throughput phase: up to {params['throughput_max']:,} msgs "
+        f"or {params['throughput_seconds']:g} s; latency phase: {params['latency_rate']:,} "
+        f"msg/s for {params['latency_seconds']:g} s; dropped = broker 'dropped' counter "
+        "(tput = throughput phase, lat = latency phase)"
+    )
+    for line in cpu_lines(report):
+        print(line)
+    print(
+        f"load average at end {' '.join(f'{x:.2f}' for x in report['load_average_end'])}; "
+        f"total {report['elapsed_seconds']:.1f} s"
+    )
+    print()
+    for goal in report["goals"]:
+        value = goal["value"]
+        shown = "-" if value is None else f"{value:,.3f}" if value < 100 else f"{value:,.0f}"
+        note = f" ({goal['note']})" if "note" in goal else ""
+        print(f"check  {goal['status']:<12} {goal['goal']}: {shown}{note}")
+    if report["notes"]:
+        print()
+        for line in report["notes"]:
+            print(f"note   {line}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

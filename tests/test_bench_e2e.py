@@ -1,0 +1,110 @@
+"""Smoke test for bench/e2e.py: the quick run in a subprocess, so the benchmark cannot rot.
+
+It starts real brokers and worker processes on 127.0.0.1, so it takes some seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "e2e.py"
+
+PUBLISH_SCENARIOS = ("exact", "wild-1k", "wild-10k", "fanout-50")
+SUBSCRIBE_SCENARIO = "subscribe-50k"
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
+    path = tmp_path_factory.mktemp("bench") / "e2e.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, json.loads(path.read_text())
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie or a reused pid of another program is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    if state == "Z":
+        return False
+    return b"broker.cli" in cmdline or b"multiprocessing" in cmdline or b"e2e" in cmdline
+
+
+def test_quick_run_writes_every_scenario(quick_run: tuple) -> None:
+    _, report = quick_run
+    assert {"benchmark", "machine", "parameters", "scenarios", "goals", "notes"} <= report.keys()
+    assert {"python", "platform", "cpu_count"} <= report["machine"].keys()
+    assert report["parameters"]["quick"] is True
+    assert report["parameters"]["payload_size"] == 500
+    assert set(report["scenarios"]) == {*PUBLISH_SCENARIOS, SUBSCRIBE_SCENARIO}
+    for name in PUBLISH_SCENARIOS:
+        result = report["scenarios"][name]
+        assert "error" not in result, result["error"]
+        assert result["subscribed"] == result["subscriptions"] + result["connections"]
+        for phase in ("throughput", "latency"):
+            figures = result[phase]
+            assert figures["complete"] is True, (name, phase)
+            assert figures["published"] > 0
+            assert figures["published_per_second"] > 0
+            assert figures["delivered_per_second"] > 0
+            assert figures["received"] > 0
+            # Every expected delivery arrived or was counted as dropped by the broker.
+            assert figures["missing"] == figures["dropped"] >= 0, (name, phase)
+        latency = result["latency"]["latency_ms"]
+        assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+        assert result["latency"]["latency_samples"] == result["latency"]["received"]
+        assert result["broker_rss_mb"] > 0
+    assert report["scenarios"]["exact"]["throughput"]["deliveries_per_message"] == 1
+    assert report["scenarios"]["fanout-50"]["connections"] == 50
+    assert report["scenarios"]["fanout-50"]["throughput"]["deliveries_per_message"] == 50
+    sub = report["scenarios"][SUBSCRIBE_SCENARIO]
+    assert "error" not in sub, sub["error"]
+    assert sub["subscribe_seconds"] > 0 and sub["subscribes_per_second"] > 0
+    assert sub["unsubscribe_seconds"] > 0 and sub["unsubscribes_per_second"] > 0
+    assert sub["subscribe_errors"] == sub["unsubscribe_errors"] == 0
+    assert sub["broker_subscribes"] == sub["broker_unsubscribes"] == sub["count"]
+    assert sub["table_entries_after"] == 0
+    assert {g["status"] for g in report["goals"]} <= {"PASS", "FAIL", "not measured"}
+
+
+def test_quick_run_leaves_no_process_behind(quick_run: tuple) -> None:
+    _, report = quick_run
+    for name, result in report["scenarios"].items():
+        pids = [result["broker_pid"], *result.get("worker_pids", [])]
+        for pid in pids:
+            assert not _running(pid), (name, pid)
+        assert result["broker_stop"]["killed"] is False
+        assert result["broker_stop"]["exit_status"] == 0
+        assert os.path.basename(result["broker_log"]).startswith(name)
+
+
+def test_quick_run_prints_a_table(quick_run: tuple) -> None:
+    proc, _ = quick_run
+    lines = proc.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("scenario"))
+    for column in ("published/s", "delivered/s", "p50 ms", "p99 ms", "max ms", "RSS MB"):
+        assert column in lines[header]
+    assert "dropped" in lines[header]
+    rows = [line.split()[0] for line in lines[header + 2 : header + 2 + len(PUBLISH_SCENARIOS)]]
+    assert rows == list(PUBLISH_SCENARIOS)
+    assert any(line.startswith(SUBSCRIBE_SCENARIO) for line in lines)
+    assert any(line.startswith("check") for line in lines)
