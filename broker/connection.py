@@ -32,17 +32,15 @@ from broker.frames import (
     Ping,
     Pong,
     Pub,
-    PubAck,
     Stats,
     StatsReply,
     Sub,
-    SubAck,
     Unsub,
-    UnsubAck,
     Welcome,
 )
 from broker.log import get_logger
 from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
+from broker.replies import encode_puback, encode_suback, encode_unsuback
 from broker.session import Session
 
 if TYPE_CHECKING:
@@ -301,21 +299,15 @@ class ClientConnection:
                 return None
             broker.publish(frame.topic, frame.payload, frame.headers, frame.msg_id)
             if frame.id is not None:
-                session.send_control(send(PubAck(id=frame.id)))
+                session.send_control(encode_puback(frame.id))
         elif cls is Sub:
             assert isinstance(frame, Sub)
-            try:
-                sub_id = broker.subscribe(session, frame.filter, frame.dialect)
-            except ValueError as exc:  # TopicError included; the frame checked it already
-                self._refuse_request(
-                    session, RemoteProtocolError(ErrorCode.INVALID_FILTER, str(exc), ref=frame.id)
-                )
-                return None
-            session.send_control(send(SubAck(id=frame.id, sub=sub_id)))
+            sub_id = broker.subscribe(session, frame.parsed)
+            session.send_control(encode_suback(frame.id, sub_id))
         elif cls is Unsub:
             assert isinstance(frame, Unsub)
             if broker.unsubscribe(session, frame.sub):
-                session.send_control(send(UnsubAck(id=frame.id)))
+                session.send_control(encode_unsuback(frame.id))
             else:
                 self._refuse_request(
                     session,

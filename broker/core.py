@@ -72,12 +72,11 @@ class Broker:
 
     # -- subscriptions -------------------------------------------------------------------
 
-    def subscribe(self, session: Session, filter: str, dialect: str) -> int:
-        """Returns the subscription id; raises TopicError/ValueError for a bad filter."""
-        routing.parse_filter(filter, dialect)  # raise before the session changes
-        sub_id, ref, is_new = session.subscribe(filter, dialect)
+    def subscribe(self, session: Session, filter: routing.Filter) -> int:
+        """Returns the subscription id; ``filter`` was parsed (and so checked) by the caller."""
+        sub_id, ref, is_new = session.subscribe(filter.text, filter.dialect)
         if is_new:
-            self.table.add(filter, ref, dialect)
+            self.table.add(filter, ref)
         self.counters.subscribes += 1
         return sub_id
 

@@ -297,6 +297,8 @@ class Sub(Frame):
     filter: str
     dialect: str = routing.NATIVE
     sync: bool = False
+    #: The filter, parsed while checking it: the broker hands it on instead of parsing again.
+    parsed: routing.Filter = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _uint(self, "id")
@@ -305,9 +307,10 @@ class Sub(Frame):
         _str(self, "dialect", ref)
         _bool(self, "sync", ref)
         try:
-            routing.parse_filter(self.filter, self.dialect)
+            parsed = routing.parse_filter(self.filter, self.dialect)
         except ValueError as exc:  # TopicError, or ValueError for an unknown dialect
             raise LocalProtocolError(ErrorCode.INVALID_FILTER, str(exc), ref=ref) from None
+        object.__setattr__(self, "parsed", parsed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -364,6 +367,26 @@ class Pub(Frame):
     msg_id: str | None = None
 
     def __post_init__(self) -> None:
+        # The hot path of every broker: one inline test for the common shape, the
+        # field-by-field checks (with their precise messages) only when it fails.
+        rid, topic, msg_id = self.id, self.topic, self.msg_id
+        if (
+            (rid is None or (rid.__class__ is int and 0 <= rid <= U64_MAX))
+            and topic.__class__ is str
+            and self.payload.__class__ is bytes
+            and self.headers is None
+            and (
+                msg_id is None
+                or (
+                    msg_id.__class__ is str and msg_id.isascii() and len(msg_id) <= MAX_MSG_ID_BYTES
+                )
+            )
+        ):
+            try:
+                routing.validate_topic(topic)
+            except routing.TopicError as exc:
+                raise LocalProtocolError(ErrorCode.INVALID_TOPIC, str(exc), ref=rid) from None
+            return
         _uint(self, "id", optional=True)
         ref = self.id
         _topic(self, "topic", ref)
@@ -537,8 +560,15 @@ _FIELDS: dict[type[Frame], tuple[tuple[str, Any], ...]] = {
     cls: tuple(
         (f.name, _MISSING if f.default is dataclasses.MISSING else f.default)
         for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.init
     )
     for cls in FRAME_TYPES.values()
+}
+
+
+#: Per class: the wire keys that are fields.
+_NAMES: dict[type[Frame], frozenset[str]] = {
+    cls: frozenset(name for name, _default in fields) for cls, fields in _FIELDS.items()
 }
 
 
@@ -587,21 +617,20 @@ def unpack_body(body: bytes) -> tuple[type[Frame], dict[str, Any]]:
 
 def build_frame(cls: type[Frame], wire: Mapping[str, Any]) -> Frame:
     """Step two of decoding: the frame, from its class and raw map; unknown keys are ignored."""
-    kwargs: dict[str, Any] = {}
-    for name, default in _FIELDS[cls]:
-        value = wire.get(name, _MISSING)
-        if value is _MISSING:
-            if default is _MISSING:
-                raise RemoteProtocolError(
-                    ErrorCode.BAD_FRAME, f"{cls.TYPE} field {name!r} is missing"
-                )
-            continue
-        kwargs[name] = value
+    names = _NAMES[cls]
+    kwargs = {name: value for name, value in wire.items() if name in names}
     try:
         return cls(**kwargs)
     except LocalProtocolError as exc:
         # The peer built it, so it is the peer's fault (code, text and ref unchanged).
         raise RemoteProtocolError(exc.code, exc.text, ref=exc.ref) from None
+    except TypeError:  # a required field is missing: say which
+        for name, default in _FIELDS[cls]:
+            if default is _MISSING and name not in kwargs:
+                raise RemoteProtocolError(
+                    ErrorCode.BAD_FRAME, f"{cls.TYPE} field {name!r} is missing"
+                ) from None
+        raise
 
 
 def decode_frame(body: bytes) -> Frame:

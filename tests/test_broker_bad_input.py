@@ -193,19 +193,19 @@ async def test_silent_client_is_pinged_then_closed() -> None:
 
 
 async def test_client_that_never_reads_is_cut_off_without_hurting_others() -> None:
-    limits = {"outbound_messages": 50, "outbound_bytes": 1 << 20, "slow_consumer_drops": 200}
+    limits = {"outbound_messages": 2000, "outbound_bytes": 16 << 20, "slow_consumer_drops": 200}
     async with running_broker(**limits) as server:
         address = server.addresses[0]
         stuck = await RawClient.open(address)
         await stuck.send(frame({"type": "SUB", "id": 1, "filter": "flood/>"}))
         assert (await stuck.read_frame())["type"] == "SUBACK"
         # `stuck` never reads again; a well-behaved subscriber shares the topic
-        async with connect(address) as good, good.subscribe("flood/>", buffer=5000) as sub:
-            total = 2000
+        async with connect(address) as good, good.subscribe("flood/>", buffer=10_000) as sub:
+            total = 5000
             payload = b"p" * 4000
             async with connect(address) as publisher:
                 for i in range(total):
-                    await publisher.publish("flood/x", payload, confirm=(i % 100 == 99))
+                    await publisher.publish("flood/x", payload, confirm=(i % 10 == 9))
             with trio.fail_after(20):
                 for _ in range(total):
                     await sub.get()

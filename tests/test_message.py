@@ -31,3 +31,17 @@ def test_shared_part_is_encoded_once() -> None:
     message = Message("a", b"p", None, "id")
     first = message.shared_wire()
     assert message.shared_wire()[0] is first[0]
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_fast_replies_decode_to_their_frames(request_id: int, sub_id: int) -> None:
+    from broker.frames import PubAck, SubAck, UnsubAck
+    from broker.replies import encode_puback, encode_suback, encode_unsuback
+
+    for wire, expected in [
+        (encode_puback(request_id), PubAck(id=request_id)),
+        (encode_suback(request_id, sub_id), SubAck(id=request_id, sub=sub_id)),
+        (encode_unsuback(request_id), UnsubAck(id=request_id)),
+    ]:
+        assert int.from_bytes(wire[:4], "big") == len(wire) - 4
+        assert decode_frame(wire[4:]) == expected
