@@ -19,6 +19,7 @@ key, never a traceback and never a silently ignored typo.
     outbound_bytes = 16777216      # per connection, payload bytes queued
     slow_consumer_drops = 10000    # drops in a row before the client is disconnected
     shutdown_timeout = 5.0         # seconds to flush clients on SIGTERM
+    match_cache = 16384            # topics whose match results are cached (0: off)
 
     [auth]
     token = "secret"               # HELLO credentials {"token": ...} must match
@@ -54,6 +55,7 @@ class BrokerConfig:
     slow_consumer_drops: int = 10_000
     shutdown_timeout: float = 5.0
     hello_timeout: float = 10.0
+    match_cache: int = 16_384
     auth_token: str | None = None
 
     def __post_init__(self) -> None:
@@ -81,6 +83,7 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "slow_consumer_drops": "slow_consumer_drops",
         "shutdown_timeout": "shutdown_timeout",
         "hello_timeout": "hello_timeout",
+        "match_cache": "match_cache",
     },
     "auth": {"token": "auth_token"},
 }
@@ -99,6 +102,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "slow_consumer_drops": (int,),
     "shutdown_timeout": (int, float),
     "hello_timeout": (int, float),
+    "match_cache": (int,),
     "auth_token": (str, type(None)),
 }
 
@@ -123,6 +127,8 @@ def _check(cfg: BrokerConfig) -> None:
     for name in ("keepalive", "shutdown_timeout", "hello_timeout"):
         if not 0 < getattr(cfg, name) <= 86400:
             raise ConfigError(f"{name} must be in (0, 86400] seconds, got {getattr(cfg, name)}")
+    if cfg.match_cache < 0:
+        raise ConfigError(f"match_cache must be >= 0 (0 turns it off), got {cfg.match_cache}")
     for name in ("outbound_messages", "outbound_bytes", "slow_consumer_drops"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")

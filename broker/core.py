@@ -35,7 +35,7 @@ class Broker:
     def __init__(self, config: BrokerConfig | None = None) -> None:
         self.config = config or BrokerConfig()
         self.server_id = self.config.server_id or f"topiary-{os.getpid()}"
-        self.table = routing.SubscriptionTable()
+        self.table = routing.SubscriptionTable(cache_size=self.config.match_cache)
         self.counters = Counters()
         self.sessions: dict[str, Session] = {}
         self.connections: set[Any] = set()  # ClientConnection objects, for shutdown

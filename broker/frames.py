@@ -633,6 +633,46 @@ def build_frame(cls: type[Frame], wire: Mapping[str, Any]) -> Frame:
         raise
 
 
+_new_pub = object.__new__
+_set = object.__setattr__
+
+
+def fast_pub(wire: dict[str, Any]) -> Pub:
+    """The Pub in an unpacked PUB map, for the broker's hot path.
+
+    The common shape (int-or-absent id, str topic, bytes payload, no headers, short ASCII
+    msg_id or none) is checked inline and the frame is built without re-running the checks;
+    anything else goes through ``build_frame`` for its precise errors. Either way the
+    result is a valid Pub, or RemoteProtocolError.
+    """
+    topic = wire.get("topic")
+    payload = wire.get("payload")
+    rid = wire.get("id")
+    msg_id = wire.get("msg_id")
+    if (
+        topic.__class__ is str
+        and payload.__class__ is bytes
+        and "headers" not in wire
+        and (rid is None or (rid.__class__ is int and 0 <= rid <= U64_MAX))
+        and (
+            msg_id is None
+            or (msg_id.__class__ is str and msg_id.isascii() and len(msg_id) <= MAX_MSG_ID_BYTES)
+        )
+    ):
+        try:
+            routing.validate_topic(topic)
+        except routing.TopicError as exc:
+            raise RemoteProtocolError(ErrorCode.INVALID_TOPIC, str(exc), ref=rid) from None
+        frame = _new_pub(Pub)
+        _set(frame, "topic", topic)
+        _set(frame, "payload", payload)
+        _set(frame, "headers", None)
+        _set(frame, "id", rid)
+        _set(frame, "msg_id", msg_id)
+        return frame
+    return build_frame(Pub, wire)  # type: ignore[return-value]
+
+
 def decode_frame(body: bytes) -> Frame:
     """The frame in ``body`` (no length prefix); raises RemoteProtocolError if it is bad."""
     cls, wire = unpack_body(body)

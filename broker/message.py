@@ -18,7 +18,6 @@ import msgpack
 _packb = msgpack.Packer(use_bin_type=True).pack
 _SUB_KEY: Final = _packb("sub")
 _SEQ_KEY: Final = _packb("seq")
-_MSG_TYPE: Final = _packb("type") + _packb("MSG")
 
 
 class Message:
@@ -38,28 +37,30 @@ class Message:
     def shared_wire(self) -> tuple[bytes, int]:
         """The encoded fields every MSG of this message carries, and how many there are."""
         if self._shared is None:
-            parts = [
-                _MSG_TYPE,
-                _packb("topic"),
-                _packb(self.topic),
-                _packb("payload"),
-                _packb(self.payload),
-                _packb("msg_id"),
-                _packb(self.msg_id),
-            ]
-            fields = 4
+            fields: dict[str, object] = {
+                "type": "MSG",
+                "topic": self.topic,
+                "payload": self.payload,
+                "msg_id": self.msg_id,
+            }
             if self.headers is not None:
-                parts += [_packb("headers"), _packb(self.headers)]
-                fields += 1
-            self._shared = b"".join(parts)
-            self._shared_fields = fields
+                fields["headers"] = self.headers
+            packed = _packb(fields)  # one C call; its map header is replaced per MSG
+            self._shared = packed[1:]
+            self._shared_fields = len(fields)
         return self._shared, self._shared_fields
 
 
 def encode_msg(message: Message, sub: int, seq: int) -> bytes:
     """The wire bytes (length prefix included) of MSG(sub, seq) for ``message``."""
-    shared, fields = message.shared_wire()
-    body = b"".join(
-        (bytes((0x80 | (fields + 2),)), shared, _SUB_KEY, _packb(sub), _SEQ_KEY, _packb(seq))
-    )
-    return len(body).to_bytes(4, "big") + body
+    shared = message._shared
+    if shared is None:
+        shared, fields = message.shared_wire()
+    else:
+        fields = message._shared_fields
+    tail = b"".join((_SUB_KEY, _packb(sub), _SEQ_KEY, _packb(seq)))
+    size = 1 + len(shared) + len(tail)
+    return b"".join(((size).to_bytes(4, "big"), _MAP_HEADERS[fields + 2], shared, tail))
+
+
+_MAP_HEADERS: Final = tuple(bytes((0x80 | n,)) for n in range(16))

@@ -33,12 +33,22 @@ from typing import Final, Literal, NoReturn
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.framebuffer import DEFAULT_MAX_FRAME, LENGTH_PREFIX, FrameBuffer
-from broker.frames import Frame, Welcome, build_frame, decode_frame, encode_frame, unpack_body
+from broker.frames import (
+    Frame,
+    Pub,
+    Welcome,
+    build_frame,
+    decode_frame,
+    encode_frame,
+    fast_pub,
+    unpack_body,
+)
 from broker.protocol_states import (
     CLOSED,
     DISCARDING_STATES,
     ERROR,
     INITIAL_STATE,
+    OPEN,
     Role,
     State,
     check_readable,
@@ -152,6 +162,8 @@ class Connection:
     def _receive(self, body: bytes) -> Frame:
         try:
             frame_type, wire = unpack_body(body)
+            if frame_type is Pub and self.state is OPEN and self.role is Role.SERVER:
+                return fast_pub(wire)  # the hot path: OPEN -> OPEN, no state to settle
             next_state = check_receive(self.role, self.state, frame_type)
             frame = build_frame(frame_type, wire)
         except RemoteProtocolError as exc:

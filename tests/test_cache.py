@@ -72,3 +72,14 @@ def test_bad_bounds_are_refused() -> None:
         MatchCache(0)
     with pytest.raises(ValueError):
         MatchCache(10, sweep_to=10)
+
+
+def test_default_sweep_empties_the_cache_in_one_step() -> None:
+    cache = MatchCache(max_entries=4)
+    for i in range(5):
+        cache.put(f"t/{i}", ["t", str(i)], frozenset())
+    assert len(cache) == 0
+    assert cache.statistics().evictions == 5
+    cache.put("t/9", ["t", "9"], frozenset())
+    cache.invalidate(parse_filter("t/>"))
+    assert len(cache) == 0
