@@ -31,10 +31,10 @@ class Message:
         self.headers = headers
         self.msg_id = msg_id
         self.size = len(payload)
-        self._shared: bytes | None = None
+        self._shared: memoryview | None = None
         self._shared_fields = 0
 
-    def shared_wire(self) -> tuple[bytes, int]:
+    def shared_wire(self) -> tuple[memoryview, int]:
         """The encoded fields every MSG of this message carries, and how many there are."""
         if self._shared is None:
             fields: dict[str, object] = {
@@ -46,7 +46,7 @@ class Message:
             if self.headers is not None:
                 fields["headers"] = self.headers
             packed = _packb(fields)  # one C call; its map header is replaced per MSG
-            self._shared = packed[1:]
+            self._shared = memoryview(packed)[1:]  # no copy of the payload
             self._shared_fields = len(fields)
         return self._shared, self._shared_fields
 
