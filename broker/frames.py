@@ -301,11 +301,18 @@ class Sub(Frame):
     parsed: routing.Filter = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _uint(self, "id")
         ref = self.id
-        _str(self, "filter", ref)
-        _str(self, "dialect", ref)
-        _bool(self, "sync", ref)
+        if not (
+            ref.__class__ is int
+            and 0 <= ref <= U64_MAX
+            and self.filter.__class__ is str
+            and self.dialect.__class__ is str
+            and self.sync.__class__ is bool
+        ):  # the precise checks, for the message, only when the common shape fails
+            _uint(self, "id")
+            _str(self, "filter", ref)
+            _str(self, "dialect", ref)
+            _bool(self, "sync", ref)
         try:
             parsed = routing.parse_filter(self.filter, self.dialect)
         except ValueError as exc:  # TopicError, or ValueError for an unknown dialect

@@ -3,16 +3,19 @@
 Three structures, each answering one question:
 
 - ``MatchTrie``: who wants this topic? (the hot path)
-- a pygtrie keyed by filter token paths: which filters live under
-  ``beacon/eu``? (prefix questions for route summarization and operators)
+- a pygtrie keyed by where filters live (their leading literal levels, at
+  most ``INDEX_DEPTH``), each node holding the group of filters that live
+  there: which filters live under ``beacon/eu``? (prefix questions for
+  route summarization and operators)
 - ``MatchCache``: the answer for a hot topic without walking anything.
 
 An entry is (filter text, dialect, subscriber). Parsed filters are shared
 between the subscribers that hold the same text, and the pygtrie only
-changes when a distinct filter appears or disappears, so subscribe and
-unsubscribe stay cheap. ``generation`` moves on every change, so caches kept
-elsewhere (per connection, per peer link) can tell they are stale without
-being told.
+changes when a new place in the hierarchy gains or loses its last filter
+(a pygtrie walk is pure Python and costs as much as the rest of a
+subscribe), so subscribe and unsubscribe stay cheap. ``generation`` moves
+on every change, so caches kept elsewhere (per connection, per peer link)
+can tell they are stale without being told.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ from routing.topics import check_common, split_topic
 from routing.trie import MatchTrie
 
 EMPTY: Final[Result] = frozenset()
+# Filters are indexed by at most this many leading literal levels: deep enough to tell
+# sites apart in beacon/{region}/{country}/{site}/..., shallow enough that most new
+# filters join an existing group instead of adding pygtrie nodes.
+INDEX_DEPTH: Final = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +77,10 @@ class SubscriptionTable:
         self._trie = MatchTrie()
         self._cache: MatchCache | None = MatchCache(cache_size) if cache_size > 0 else None
         self._records: dict[tuple[str, str], _FilterRecord] = {}
+        # pygtrie: literal head of a filter -> its group (dict used as an ordered set); the
+        # plain dict finds an existing group without a pygtrie walk.
         self._by_path: pygtrie.Trie = pygtrie.Trie()
+        self._groups: dict[tuple[str, ...], dict[Filter, None]] = {}
         self._by_subscriber: dict[Hashable, set[Filter]] = {}
         self._entries = 0
         self._cold_matches = 0
@@ -198,11 +208,21 @@ class SubscriptionTable:
         about where filters live, not about which topics they match.
         """
         levels = tuple(check_common(prefix, "prefix"))
+        if len(levels) > INDEX_DEPTH:
+            group = self._groups.get(levels[:INDEX_DEPTH], {})
+            depth = len(levels)
+            return [
+                f
+                for f in group
+                if len(f.levels) >= depth
+                and all(t.__class__ is str for t in f.levels[:depth])
+                and f.levels[:depth] == levels
+            ]
         try:
-            held = self._by_path.values(prefix=levels)
+            groups = self._by_path.values(prefix=levels)
         except KeyError:
             return []
-        return [flt for value in held for flt in (value if isinstance(value, list) else (value,))]
+        return [flt for group in groups for flt in group]
 
     def statistics(self) -> TableStatistics:
         cache = self._cache
@@ -237,24 +257,31 @@ class SubscriptionTable:
             self._cache.invalidate(flt)
 
     def _index_filter(self, flt: Filter) -> None:
-        # Values are a Filter, or a list when two dialects spell the same path
-        # (a/* and a/+): the common case costs no list and one pygtrie walk.
-        held = self._by_path.setdefault(flt.key, flt)
-        if held is flt:
-            return
-        if isinstance(held, list):
-            held.append(flt)
-        else:
-            self._by_path[flt.key] = [held, flt]
+        key = _literal_head(flt)
+        group = self._groups.get(key)
+        if group is None:
+            # A new place in the hierarchy: the only time pygtrie is touched (4-7 us a walk).
+            group = self._groups[key] = {}
+            self._by_path[key] = group
+        group[flt] = None
 
     def _unindex_filter(self, flt: Filter) -> None:
-        held = self._by_path[flt.key]
-        if isinstance(held, list):
-            held.remove(flt)
-            if len(held) == 1:
-                self._by_path[flt.key] = held[0]
-        else:
-            del self._by_path[flt.key]
+        key = _literal_head(flt)
+        group = self._groups[key]
+        del group[flt]
+        if not group:
+            del self._groups[key]
+            del self._by_path[key]
+
+
+def _literal_head(flt: Filter) -> tuple[str, ...]:
+    """Where a filter lives: its leading literal levels, at most INDEX_DEPTH of them."""
+    head: list[str] = []
+    for token in flt.levels[:INDEX_DEPTH]:
+        if token.__class__ is not str:
+            break
+        head.append(token)  # type: ignore[arg-type]
+    return tuple(head)
 
 
 def _text_and_dialect(filter: str | Filter, dialect: str) -> tuple[str, str]:

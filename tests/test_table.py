@@ -227,3 +227,22 @@ def test_cache_stays_within_its_bound() -> None:
         table.match(f"t/{i}")
         assert table.statistics().cache_entries <= 64
     assert table.statistics().cache_evictions > 0
+
+
+def test_filters_under_a_deep_prefix(table: SubscriptionTable) -> None:
+    table.add("a/b/c/d/e/f", "s1")
+    table.add("a/b/c/d/e/>", "s2")
+    table.add("a/b/c/d/x", "s3")
+    table.add("a/b/c/d/*/f", "s4")
+    table.add("a/b/c/d/e", "s5", dialect="mqtt")
+    under = {f.text for f in table.filters_under("a/b/c/d/e")}
+    assert under == {"a/b/c/d/e/f", "a/b/c/d/e/>", "a/b/c/d/e"}
+    assert {f.text for f in table.filters_under("a/b/c/d/e/f")} == {"a/b/c/d/e/f"}
+    assert table.filters_under("a/b/c/d/e/f/g") == []
+
+
+def test_filters_starting_with_a_wildcard_live_under_no_prefix(table: SubscriptionTable) -> None:
+    table.add(">", "s1")
+    table.add("a/>", "s2")
+    table.add("#", "s3", dialect="mqtt")
+    assert {f.text for f in table.filters_under("a")} == {"a/>"}

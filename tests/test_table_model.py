@@ -85,7 +85,7 @@ class TableModel(RuleBasedStateMachine):
         expected = {s for (t, d, s) in self.model if ref_matches(t, d, topic)}
         assert self.table.match(topic) == expected
 
-    @rule(prefix=st.lists(st.sampled_from(TOPIC_LEVELS), min_size=1, max_size=2))
+    @rule(prefix=st.lists(st.sampled_from(TOPIC_LEVELS), min_size=1, max_size=5))
     def filters_under(self, prefix: list[str]) -> None:
         def lives_under(text: str, dialect: str) -> bool:
             levels = text.split("/")
