@@ -72,7 +72,6 @@ import json
 import math
 import multiprocessing
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -96,6 +95,7 @@ import msgpack  # noqa: E402
 import trio  # noqa: E402
 
 from bench import workload  # noqa: E402
+from bench.common import machine_info as common_machine_info  # noqa: E402
 from broker.client import connect  # noqa: E402
 from broker.frames import (  # noqa: E402
     PROTOCOL_VERSION,
@@ -1123,15 +1123,9 @@ def cpu_lines(report: dict[str, Any]) -> list[str]:
 
 
 def machine_info() -> dict[str, Any]:
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "trio": trio.__version__,
-        "msgpack": ".".join(map(str, msgpack.version)),
-    }
+    return common_machine_info(
+        trio=trio.__version__, msgpack=".".join(map(str, msgpack.version))
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -60,7 +60,6 @@ import contextlib
 import gc
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -73,6 +72,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import workload  # noqa: E402
+from bench.common import machine_info  # noqa: E402
 from routing import SubscriptionTable, parse_filter  # noqa: E402
 from routing.topics import split_topic  # noqa: E402
 
@@ -565,16 +565,6 @@ def fixed_world_ratio(results: list[dict[str, Any]]) -> dict[str, Any] | None:
         "ratio": cold_fixed / cold_small if cold_fixed is not None and cold_small else None,
         "mean_answer": fixed.get("cold_mean_answer"),
         "mean_answer_at_1k": small.get("cold_mean_answer"),
-    }
-
-
-def machine_info() -> dict[str, Any]:
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
     }
 
 

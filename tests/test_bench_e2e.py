@@ -5,13 +5,13 @@ It starts real brokers and worker processes on 127.0.0.1, so it takes some secon
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.benchrun import run_quick
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "e2e.py"
@@ -22,17 +22,7 @@ SUBSCRIBE_SCENARIO = "subscribe-50k"
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
-    path = tmp_path_factory.mktemp("bench") / "e2e.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc, json.loads(path.read_text())
+    return run_quick(SCRIPT, tmp_path_factory.mktemp("bench") / "e2e.json")
 
 
 def _running(pid: int) -> bool:

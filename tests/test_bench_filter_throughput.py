@@ -7,7 +7,6 @@ for the shapes it promises.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections import Counter
@@ -22,6 +21,7 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository r
 from bench import filter_throughput, workload  # noqa: E402
 from routing import MQTT, NATIVE, Filter, SubscriptionTable, parse_filter  # noqa: E402
 from routing.filters import STAR, Prefix  # noqa: E402
+from tests.benchrun import run_quick  # noqa: E402
 
 SCRIPT = ROOT / "bench" / "filter_throughput.py"
 
@@ -59,17 +59,7 @@ POSITIVE = [
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
-    path = tmp_path_factory.mktemp("bench") / "filter_throughput.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc, json.loads(path.read_text())
+    return run_quick(SCRIPT, tmp_path_factory.mktemp("bench") / "filter_throughput.json")
 
 
 def test_quick_run_writes_well_formed_json(quick_run: tuple) -> None:
