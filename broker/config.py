@@ -20,6 +20,7 @@ key, never a traceback and never a silently ignored typo.
     slow_consumer_drops = 10000    # drops in a row before the client is disconnected
     shutdown_timeout = 5.0         # seconds to flush clients on SIGTERM
     match_cache = 16384            # topics whose match results are cached (0: off)
+    dedup_window = 100000          # recent publisher msg_ids remembered to drop repeats (0: off)
 
     [auth]
     token = "secret"               # HELLO credentials {"token": ...} must match
@@ -56,6 +57,7 @@ class BrokerConfig:
     shutdown_timeout: float = 5.0
     hello_timeout: float = 10.0
     match_cache: int = 16_384
+    dedup_window: int = 100_000
     auth_token: str | None = None
 
     def __post_init__(self) -> None:
@@ -84,6 +86,7 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "shutdown_timeout": "shutdown_timeout",
         "hello_timeout": "hello_timeout",
         "match_cache": "match_cache",
+        "dedup_window": "dedup_window",
     },
     "auth": {"token": "auth_token"},
 }
@@ -103,6 +106,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "shutdown_timeout": (int, float),
     "hello_timeout": (int, float),
     "match_cache": (int,),
+    "dedup_window": (int,),
     "auth_token": (str, type(None)),
 }
 
@@ -127,6 +131,8 @@ def _check(cfg: BrokerConfig) -> None:
     for name in ("keepalive", "shutdown_timeout", "hello_timeout"):
         if not 0 < getattr(cfg, name) <= 86400:
             raise ConfigError(f"{name} must be in (0, 86400] seconds, got {getattr(cfg, name)}")
+    if cfg.dedup_window < 0:
+        raise ConfigError(f"dedup_window must be >= 0 (0 turns it off), got {cfg.dedup_window}")
     if cfg.match_cache < 0:
         raise ConfigError(f"match_cache must be >= 0 (0 turns it off), got {cfg.match_cache}")
     for name in ("outbound_messages", "outbound_bytes", "slow_consumer_drops"):

@@ -112,9 +112,7 @@ class ClientConnection:
             nursery.start_soon(self._keepalive_loop)
             nursery.start_soon(self._watch_session, session)
             reason: RemoteProtocolError | None = None
-            with self._reader_scope:
-                if self._shutting_down:
-                    self._reader_scope.cancel()
+            with self._reader_scope:  # cancelled by begin_shutdown() or _stop()
                 reason = await self._reader(session)
             if self._reader_scope.cancelled_caught:
                 reason = self._stop_reason

@@ -31,6 +31,34 @@ def _base36(n: int) -> str:
             return "".join(reversed(digits))
 
 
+class RecentIds:
+    """Publisher message ids seen lately, so a repeated PUB is dropped (idempotent publish).
+
+    At-least-once producers (the Kafka bridge, a client retrying after a reconnect) send the
+    same message again with the same ``msg_id``; the broker forgets ids in arrival order
+    once it holds ``window`` of them, so memory stays bounded.
+    """
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._ids: dict[str, None] = {}
+
+    def seen(self, msg_id: str) -> bool:
+        """True if ``msg_id`` is a repeat; otherwise remember it and return False."""
+        ids = self._ids
+        if msg_id in ids:
+            return True
+        if self.window <= 0:
+            return False
+        ids[msg_id] = None
+        if len(ids) > self.window:
+            del ids[next(iter(ids))]
+        return False
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 class Broker:
     def __init__(self, config: BrokerConfig | None = None) -> None:
         self.config = config or BrokerConfig()
@@ -49,6 +77,7 @@ class Broker:
         self._id_prefix = f"{_base36(time.time_ns() // 1_000_000)}-"
         self._msg_counter = itertools.count(1)
         self._client_counter = itertools.count(1)
+        self._recent_ids = RecentIds(self.config.dedup_window)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -104,6 +133,9 @@ class Broker:
     ) -> int:
         """Route one message to every interested session; returns how many got it."""
         counters = self.counters
+        if msg_id is not None and self._recent_ids.seen(msg_id):
+            counters.duplicates_dropped += 1
+            return 0
         counters.messages_in += 1
         counters.bytes_in += len(payload)
         targets = self.table.match(topic)

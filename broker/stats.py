@@ -14,6 +14,7 @@ class Counters:
     messages_in: int = 0
     messages_out: int = 0
     messages_unrouted: int = 0
+    duplicates_dropped: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
     bytes_sent: int = 0
@@ -31,6 +32,7 @@ class Counters:
             "messages_in": self.messages_in,
             "messages_out": self.messages_out,
             "messages_unrouted": self.messages_unrouted,
+            "duplicates_dropped": self.duplicates_dropped,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "bytes_sent": self.bytes_sent,

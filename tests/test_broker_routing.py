@@ -223,3 +223,24 @@ async def test_shutdown_under_load_loses_nothing_acknowledged() -> None:
                 server.shutdown()
     assert len(acknowledged) >= 500
     assert set(acknowledged) <= set(received)
+
+
+async def test_a_repeated_msg_id_is_dropped_and_still_confirmed(address: Address) -> None:
+    async with connect(address) as c, c.subscribe("dup/>") as sub:
+        await c.publish("dup/a", b"first", msg_id="order-17", confirm=True)
+        await c.publish("dup/a", b"retry", msg_id="order-17", confirm=True)
+        await c.publish("dup/a", b"other", msg_id="order-18", confirm=True)
+        got = await drain(sub, 2)
+        assert [m.payload for m in got] == [b"first", b"other"]
+        assert await nothing_more(sub)
+        assert (await c.stats())["duplicates_dropped"] == 1
+
+
+def test_recent_ids_forget_the_oldest_beyond_the_window() -> None:
+    from broker.core import RecentIds
+
+    ids = RecentIds(window=3)
+    assert [ids.seen(x) for x in "abca"] == [False, False, False, True]
+    assert ids.seen("d") is False  # "a" is forgotten now
+    assert ids.seen("a") is False
+    assert len(ids) == 3
