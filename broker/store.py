@@ -1,0 +1,1107 @@
+"""Crash-safe storage for durable sessions: SQLite in WAL mode, group commit, one thread.
+
+Theory of operation
+-------------------
+
+What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
+
+- ``messages``: each message once, however many sessions need it. ``refs`` counts the delivery
+  rows that point at it; when it reaches 0 the message is deleted at once, or, with
+  ``retention_seconds`` > 0, by a periodic sweep once ``stored_at`` is that old.
+- ``sessions``: one row per durable session: its shared group, ``last_ack`` (every seq at or
+  below it is done) and ``next_seq`` (the next seq the broker may assign).
+- ``filters``: the session's (filter, dialect) pairs.
+- ``deliveries``: the pending queue, one row (client_id, seq, message) per delivery not yet
+  acknowledged, trimmed or dropped with its session.
+- ``published``: the newest ``dedup_window`` publisher message ids, for duplicate filtering.
+
+Who talks to SQLite. Everything SQL lives in ``_SqliteBackend``, a plain synchronous class with
+no trio in it (the model test in tests/test_store_model.py drives it directly). ``Store`` is
+the trio face: it reaches the backend only through ``trio.to_thread.run_sync(...,
+limiter=CapacityLimiter(1))``, so exactly one call touches the connection at any time and the
+limiter's hand-over orders one call after the other. trio's thread cache may run two calls on
+two different OS threads, which is why the connection is opened with
+``check_same_thread=False``; it is still never used by two threads at once.
+
+Group commit. Every mutating call builds an operation (the backend method to run, an Event, a
+result slot), puts it on a bounded queue (a memory channel: when ``max_queued`` operations
+wait, callers wait for room: backpressure) and waits. One writer task takes everything queued,
+up to ``max_batch`` operations, and runs them in ONE transaction in the worker thread:
+``BEGIN IMMEDIATE``, each operation inside its own ``SAVEPOINT`` (a failing one is rolled back
+alone and only its caller gets the error), ``COMMIT``; then it wakes every caller. One fsync
+then covers a whole batch, which is what makes many concurrent confirmed appends cheap. While
+a batch commits, the next one fills up. Operations commit in the order they were queued, so
+a broker that assigns a session's seqs and calls ``append`` in the same order (no await in
+between) stores them in seq order.
+
+Durability. ``journal_mode=WAL`` with ``synchronous=FULL``: the WAL is fsynced at every commit,
+so a call that returned survives SIGKILL of the process and a power loss or kernel crash of
+the machine. With ``synchronous=NORMAL`` a WAL database fsyncs only at checkpoints: a commit
+that returned would still survive SIGKILL (the data is in the OS page cache), but a power loss
+or OS crash could roll back the last transactions, i.e. lose messages the broker had already
+confirmed to their publishers; the database would stay consistent, just older. The broker
+promises publishers more than that, so FULL. On first creation the data directory is fsynced
+too, so the new file's directory entry is durable.
+
+Opening checks the file: ``PRAGMA quick_check`` (reads every page, so about a second per GB),
+the schema version in ``meta``, and that it is a topiary database at all. Any problem raises
+``StoreError`` with one line naming the file and the problem, never a sqlite3 traceback.
+
+Cancellation. A caller cancelled while it waits for its commit leaves its operation queued: it
+is committed anyway, or, if the store closes first without reaching it, not at all; either way
+the database is consistent. A cancelled ``append`` may therefore have been stored; the broker
+must treat that as at-least-once (the publisher gets no confirmation and may resend; the
+publisher message id drops the copy). A caller cancelled while waiting for room in the queue
+never enqueued anything.
+
+Shutdown. Leaving ``async with Store.open(...)`` (or calling ``aclose``) stops accepting
+operations, lets the writer commit everything already queued within a shielded
+``move_on_after(CLEANUP_TIMEOUT)``, fails whatever is left with ``StoreError`` and closes the
+connection (which checkpoints the WAL into the main file).
+
+Sequence numbers are the broker's: it assigns them from ``SessionRecord.next_seq`` upwards.
+The store keeps ``next_seq = max(next_seq, seq + 1)`` for every stored delivery and
+``last_ack < next_seq`` always, so after a restart ``next_seq`` is past every seq it ever
+stored. It does not check that a delivery's seq is above ``last_ack``; such a row stays
+pending until a cumulative ack covers it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, NoReturn
+
+import msgpack
+import trio
+
+__all__ = [
+    "CLEANUP_TIMEOUT",
+    "DB_FILENAME",
+    "MAX_BATCH",
+    "MAX_QUEUED",
+    "SCHEMA_VERSION",
+    "SessionRecord",
+    "Store",
+    "StoreError",
+    "StoreStatistics",
+    "StoredMessage",
+]
+
+SCHEMA_VERSION = 1
+DB_FILENAME = "topiary.db"
+#: Most operations in one transaction: bounds how long one commit (and a reader behind it) takes.
+MAX_BATCH = 5_000
+#: Operations that may wait for the writer before callers wait for room.
+MAX_QUEUED = 10_000
+#: Seconds that leaving the store may spend committing what is still queued.
+CLEANUP_TIMEOUT = 5.0
+#: How long a statement waits for a lock held by another connection (an operator's shell).
+BUSY_TIMEOUT_SECONDS = 5.0
+#: The dedup table is pruned back to ``dedup_window`` ids once it holds this many more.
+DEDUP_PRUNE_BATCH = 1_000
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked: unknown session, damaged file, store closed, ..."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One pending delivery of a session, with its message."""
+
+    seq: int
+    msg_id: str
+    topic: str
+    payload: bytes
+    headers: dict[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """A durable session as stored.
+
+    ``pending`` counts its delivery rows and ``pending_bytes`` sums their payload sizes (a
+    message shared with other sessions counts for each of them).
+    """
+
+    client_id: str
+    group: str | None
+    last_ack: int
+    next_seq: int
+    filters: tuple[tuple[str, str], ...]  # (filter, dialect), sorted
+    pending: int
+    pending_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """Counters for operators; ``operations`` counts those of committed batches, failed or not."""
+
+    batches_committed: int
+    operations: int
+    operations_failed: int
+    mean_batch_size: float
+    max_batch_size: int
+    last_commit_ms: float
+    queued_operations: int  # waiting in the queue for the writer
+    callers_waiting_for_room: int  # backpressure: callers blocked because the queue is full
+    db_size_bytes: int  # the database file plus its WAL
+    sessions: int
+    messages: int
+    deliveries: int
+    dedup_ids: int
+    duplicates: int  # appends refused as duplicates since the store was opened
+
+
+_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL)",
+    """CREATE TABLE messages (
+        rowid INTEGER PRIMARY KEY,
+        msg_id TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        headers BLOB NULL,
+        stored_at REAL NOT NULL,
+        refs INTEGER NOT NULL
+    )""",
+    # Only unreferenced messages (kept for retention_seconds) are in this index.
+    "CREATE INDEX messages_unreferenced ON messages (stored_at) WHERE refs <= 0",
+    """CREATE TABLE sessions (
+        client_id TEXT PRIMARY KEY,
+        grp TEXT NULL,
+        last_ack INTEGER NOT NULL,
+        next_seq INTEGER NOT NULL,
+        created_at REAL NOT NULL
+    )""",
+    """CREATE TABLE filters (
+        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+        filter TEXT NOT NULL,
+        dialect TEXT NOT NULL,
+        PRIMARY KEY (client_id, filter, dialect)
+    )""",
+    # No foreign key on `message`: refs keeps that link, and a foreign key would need an index
+    # on deliveries(message) to check every message delete.
+    """CREATE TABLE deliveries (
+        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        message INTEGER NOT NULL,
+        PRIMARY KEY (client_id, seq)
+    ) WITHOUT ROWID""",
+    "CREATE TABLE published (msg_id TEXT PRIMARY KEY, at REAL NOT NULL)",
+)
+_TABLES = frozenset({"meta", "messages", "sessions", "filters", "deliveries", "published"})
+
+# (ok, value): the value returned, or the exception raised, by one operation.
+_Outcome = tuple[bool, Any]
+_Work = Callable[["_SqliteBackend"], Any]
+_RowCounts = tuple[int, int, int, int, int]
+
+
+def _open_failure(path: str, problem: str, exc: BaseException | None = None) -> StoreError:
+    detail = f" ({exc})" if exc is not None else ""
+    return StoreError(f"cannot open {path}: {problem}{detail}")
+
+
+class _SqliteBackend:
+    """The SQL work, synchronous, on one sqlite3 connection in autocommit mode.
+
+    Mutating methods expect to run inside ``run_batch`` (a transaction with a savepoint per
+    operation); read methods run anywhere. Counts of rows (``messages``, ``deliveries``, ...)
+    are kept in memory so that ``Store.statistics()`` never touches the database; a rolled
+    back operation or batch restores them.
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: str,
+        *,
+        retention_seconds: float,
+        dedup_window: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.conn = conn
+        self.path = path
+        self.retention_seconds = retention_seconds
+        self.dedup_window = dedup_window
+        self.dedup_slack = min(DEDUP_PRUNE_BATCH, max(1, dedup_window // 10))
+        self.clock = clock
+        self.closed = False
+        count = self._scalar
+        self.sessions_count: int = count("SELECT count(*) FROM sessions")
+        self.messages: int = count("SELECT count(*) FROM messages")
+        self.deliveries: int = count("SELECT count(*) FROM deliveries")
+        self.published: int = count("SELECT count(*) FROM published")
+        self.duplicates = 0
+
+    # -- opening and closing -------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        retention_seconds: float = 0.0,
+        dedup_window: int = 100_000,
+        durable: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> _SqliteBackend:
+        """Open (creating if needed) and check the database at ``path``.
+
+        ``durable=False`` (synchronous=OFF) is for tests that do not crash the machine.
+        """
+        path = os.fspath(path)
+        created = not os.path.exists(path) or os.path.getsize(path) == 0
+        try:
+            conn = sqlite3.connect(
+                path,
+                timeout=BUSY_TIMEOUT_SECONDS,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise _open_failure(path, "SQLite cannot open it", exc) from None
+        try:
+            cls._configure(conn, path, durable)
+            cls._check_or_create_schema(conn, path)
+            backend = cls(
+                conn,
+                path,
+                retention_seconds=retention_seconds,
+                dedup_window=dedup_window,
+                clock=clock,
+            )
+        except sqlite3.Error as exc:
+            conn.close()
+            raise _open_failure(path, "database error", exc) from None
+        except BaseException:
+            conn.close()
+            raise
+        if created:
+            _fsync_directory(os.path.dirname(os.path.abspath(path)))
+        return backend
+
+    @staticmethod
+    def _configure(conn: sqlite3.Connection, path: str, durable: bool) -> None:
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        except sqlite3.OperationalError as exc:
+            raise _open_failure(path, "SQLite cannot open it", exc) from None
+        except sqlite3.DatabaseError as exc:
+            raise _open_failure(path, "not a SQLite database, or damaged", exc) from None
+        if str(mode).lower() != "wal":
+            raise _open_failure(path, f"cannot switch to WAL mode (journal_mode is {mode})")
+        conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
+        conn.execute("PRAGMA fullfsync=ON")  # macOS: a real flush to the medium; elsewhere no-op
+        conn.execute("PRAGMA foreign_keys=ON")
+        try:
+            problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as exc:
+            raise _open_failure(path, "the database is damaged", exc) from None
+        if problems != ["ok"]:
+            first = " ".join(str(problems[0]).split())
+            raise _open_failure(
+                path, f"the database is damaged (quick_check: {len(problems)} problems: {first})"
+            )
+
+    @staticmethod
+    def _check_or_create_schema(conn: sqlite3.Connection, path: str) -> None:
+        def tables() -> set[str]:
+            rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            return {name for (name,) in rows}
+
+        if not tables():
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if not tables():  # another process may have won the race
+                    for statement in _SCHEMA:
+                        conn.execute(statement)
+                    conn.execute(
+                        "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
+                        (SCHEMA_VERSION,),
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        present = tables()
+        if "meta" not in present:
+            raise _open_failure(path, "not a topiary database (no meta table)")
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = row[0] if row is not None else None
+        if not isinstance(version, int):
+            raise _open_failure(path, f"not a topiary database (schema_version {version!r})")
+        if version > SCHEMA_VERSION:
+            raise _open_failure(
+                path,
+                f"schema version {version} is newer than this topiary supports "
+                f"({SCHEMA_VERSION}); use a newer topiary",
+            )
+        if version < SCHEMA_VERSION:
+            raise _open_failure(path, f"unknown older schema version {version}")
+        missing = _TABLES - present
+        if missing:
+            raise _open_failure(path, f"tables missing: {', '.join(sorted(missing))}")
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.conn.close()
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def run_batch(self, works: Sequence[_Work]) -> tuple[bool, list[_Outcome]]:
+        """Run ``works`` in one transaction, each in a savepoint; commit.
+
+        Returns whether the transaction committed, and one outcome per operation. A failing
+        operation is rolled back alone. If the transaction itself fails (BEGIN or COMMIT, or
+        SQLite rolled everything back after an I/O error), every operation fails.
+        """
+        if self.closed:
+            return self._fail_all(works, "the store is closed")
+        conn = self.conn
+        before = self.counts()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            return self._fail_all(works, f"cannot start a transaction ({exc})")
+        outcomes: list[_Outcome] = []
+        for work in works:
+            counts = self.counts()
+            try:
+                conn.execute("SAVEPOINT op")
+                value = work(self)
+            except Exception as exc:
+                self._restore(counts)
+                if not self._rollback_savepoint():
+                    self._restore(before)
+                    return self._fail_all(works, f"transaction rolled back ({exc})")
+                outcomes.append((False, _as_store_error(exc)))
+            else:
+                conn.execute("RELEASE op")
+                outcomes.append((True, value))
+        try:
+            self._prune_published()
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._restore(before)
+            return self._fail_all(works, f"commit failed ({exc})")
+        return True, outcomes
+
+    def run(self, work: _Work) -> Any:
+        """Run one operation in its own transaction; return its value or raise its error."""
+        _, ((ok, value),) = self.run_batch([work])
+        if not ok:
+            raise value
+        return value
+
+    def _rollback_savepoint(self) -> bool:
+        """Undo the failed operation; False when the whole transaction is gone."""
+        if not self.conn.in_transaction:
+            return False
+        try:
+            self.conn.execute("ROLLBACK TO op")
+            self.conn.execute("RELEASE op")
+        except sqlite3.Error:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            return False
+        return True
+
+    def _fail_all(self, works: Sequence[_Work], why: str) -> tuple[bool, list[_Outcome]]:
+        return False, [(False, StoreError(f"{self.path}: not stored: {why}")) for _ in works]
+
+    def counts(self) -> _RowCounts:
+        """(sessions, messages, deliveries, dedup ids, duplicates refused) as of now."""
+        return (
+            self.sessions_count,
+            self.messages,
+            self.deliveries,
+            self.published,
+            self.duplicates,
+        )
+
+    def _restore(self, counts: _RowCounts) -> None:
+        (
+            self.sessions_count,
+            self.messages,
+            self.deliveries,
+            self.published,
+            self.duplicates,
+        ) = counts
+
+    def _prune_published(self) -> None:
+        """Keep the newest ``dedup_window`` publisher ids, pruning ``dedup_slack`` at a time.
+
+        Rows are only ever deleted from the oldest end, so rowids are consecutive and
+        "rowid <= newest - window" leaves exactly the newest ``window`` ids.
+        """
+        if self.published <= self.dedup_window + self.dedup_slack:
+            return
+        cur = self.conn.execute(
+            "DELETE FROM published WHERE rowid <= (SELECT max(rowid) FROM published) - ?",
+            (self.dedup_window,),
+        )
+        self.published -= cur.rowcount
+
+    def file_size(self) -> int:
+        """Bytes of the database file and its WAL."""
+        total = 0
+        for name in (self.path, self.path + "-wal"):
+            with suppress(OSError):
+                total += os.stat(name).st_size
+        return total
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _scalar(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        row = self.conn.execute(sql, args).fetchone()
+        return None if row is None else row[0]
+
+    def _session_row(self, client_id: str, what: str) -> tuple[int, int]:
+        row = self.conn.execute(
+            "SELECT last_ack, next_seq FROM sessions WHERE client_id = ?", (client_id,)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"{what}: unknown session {client_id!r}")
+        return row
+
+    def _remove_deliveries(self, client_id: str, condition: str, args: Sequence[Any]) -> int:
+        """Delete the session's deliveries matching ``condition``, dereferencing their messages."""
+        where = f"client_id = ?{condition}"
+        params = (client_id, *args)
+        execute = self.conn.execute
+        execute(
+            "UPDATE messages SET refs = refs - d.n FROM (SELECT message, count(*) AS n "
+            f"FROM deliveries WHERE {where} GROUP BY message) AS d "
+            "WHERE messages.rowid = d.message",
+            params,
+        )
+        if self.retention_seconds <= 0:
+            cur = execute(
+                "DELETE FROM messages WHERE refs <= 0 AND rowid IN "
+                f"(SELECT message FROM deliveries WHERE {where})",
+                params,
+            )
+            self.messages -= cur.rowcount
+        removed = execute(f"DELETE FROM deliveries WHERE {where}", params).rowcount
+        self.deliveries -= removed
+        return removed
+
+    # -- sessions and filters ------------------------------------------------------------------
+
+    def create_session(self, client_id: str, group: str | None) -> SessionRecord:
+        cur = self.conn.execute(
+            "INSERT INTO sessions (client_id, grp, last_ack, next_seq, created_at) "
+            "VALUES (?, ?, 0, 1, ?) ON CONFLICT (client_id) DO NOTHING",
+            (client_id, group, self.clock()),
+        )
+        self.sessions_count += cur.rowcount
+        record = self.session(client_id)
+        assert record is not None
+        return record
+
+    def drop_session(self, client_id: str) -> bool:
+        if self._scalar("SELECT 1 FROM sessions WHERE client_id = ?", (client_id,)) is None:
+            return False
+        self._remove_deliveries(client_id, "", ())
+        self.conn.execute("DELETE FROM sessions WHERE client_id = ?", (client_id,))  # cascades
+        self.sessions_count -= 1
+        return True
+
+    def set_filters(self, client_id: str, filters: Sequence[tuple[str, str]]) -> None:
+        self._session_row(client_id, "set_filters")
+        self.conn.execute("DELETE FROM filters WHERE client_id = ?", (client_id,))
+        self.conn.executemany(
+            "INSERT OR IGNORE INTO filters (client_id, filter, dialect) VALUES (?, ?, ?)",
+            [(client_id, flt, dialect) for flt, dialect in filters],
+        )
+
+    def add_filter(self, client_id: str, filter: str, dialect: str) -> None:
+        self._session_row(client_id, "add_filter")
+        self.conn.execute(
+            "INSERT OR IGNORE INTO filters (client_id, filter, dialect) VALUES (?, ?, ?)",
+            (client_id, filter, dialect),
+        )
+
+    def remove_filter(self, client_id: str, filter: str, dialect: str) -> None:
+        self._session_row(client_id, "remove_filter")
+        self.conn.execute(
+            "DELETE FROM filters WHERE client_id = ? AND filter = ? AND dialect = ?",
+            (client_id, filter, dialect),
+        )
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def append(
+        self,
+        *,
+        msg_id: str,
+        topic: str,
+        payload: bytes,
+        headers: bytes | None,
+        deliveries: Sequence[tuple[str, int]],
+        publisher_msg_id: str | None,
+    ) -> bool:
+        """Store the message once plus a delivery row each; False for a duplicate publish.
+
+        ``headers`` arrives msgpack-encoded already (encoded in the caller's task).
+        """
+        execute = self.conn.execute
+        now = self.clock()
+        if publisher_msg_id is not None and self.dedup_window > 0:
+            cur = execute(
+                "INSERT INTO published (msg_id, at) VALUES (?, ?) ON CONFLICT (msg_id) DO NOTHING",
+                (publisher_msg_id, now),
+            )
+            if cur.rowcount == 0:
+                self.duplicates += 1
+                return False
+            self.published += 1
+        if not deliveries and self.retention_seconds <= 0:
+            return True  # nobody needs it: nothing to keep
+        rowid = execute(
+            "INSERT INTO messages (msg_id, topic, payload, headers, stored_at, refs) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (msg_id, topic, payload, headers, now, len(deliveries)),
+        ).lastrowid
+        self.messages += 1
+        try:
+            if len(deliveries) == 1:
+                ((client_id, seq),) = deliveries
+                execute(
+                    "INSERT INTO deliveries (client_id, seq, message) VALUES (?, ?, ?)",
+                    (client_id, seq, rowid),
+                )
+            else:
+                self.conn.executemany(
+                    "INSERT INTO deliveries (client_id, seq, message) VALUES (?, ?, ?)",
+                    [(client_id, seq, rowid) for client_id, seq in deliveries],
+                )
+        except sqlite3.IntegrityError as exc:
+            raise self._append_failure(msg_id, deliveries, exc) from exc
+        self.deliveries += len(deliveries)
+        self.conn.executemany(
+            "UPDATE sessions SET next_seq = ? WHERE client_id = ? AND next_seq < ?",
+            [(seq + 1, client_id, seq + 1) for client_id, seq in deliveries],
+        )
+        return True
+
+    def _append_failure(
+        self, msg_id: str, deliveries: Sequence[tuple[str, int]], exc: sqlite3.IntegrityError
+    ) -> StoreError:
+        clients = sorted({client_id for client_id, _ in deliveries})
+        known = {
+            client_id
+            for client_id in clients
+            if self._scalar("SELECT 1 FROM sessions WHERE client_id = ?", (client_id,))
+        }
+        unknown = [client_id for client_id in clients if client_id not in known]
+        if unknown:
+            return StoreError(f"append {msg_id!r}: unknown session(s) {', '.join(unknown)}")
+        if "UNIQUE" in str(exc):
+            return StoreError(f"append {msg_id!r}: a (client_id, seq) is already stored ({exc})")
+        return StoreError(f"append {msg_id!r}: {exc}")
+
+    def ack(self, client_id: str, seq: int) -> int:
+        last_ack, next_seq = self._session_row(client_id, "ack")
+        removed = self._remove_deliveries(client_id, " AND seq <= ?", (seq,))
+        if seq > last_ack:
+            self.conn.execute(
+                "UPDATE sessions SET last_ack = ?, next_seq = ? WHERE client_id = ?",
+                (seq, max(next_seq, seq + 1), client_id),
+            )
+        return removed
+
+    def ack_one(self, client_id: str, seq: int) -> bool:
+        last_ack, next_seq = self._session_row(client_id, "ack_one")
+        query_lowest = "SELECT min(seq) FROM deliveries WHERE client_id = ?"
+        lowest = self._scalar(query_lowest, (client_id,))
+        if not self._remove_deliveries(client_id, " AND seq = ?", (seq,)):
+            return False
+        if seq == lowest:
+            # Everything below the lowest delivery still pending is done (every seq the broker
+            # assigned is below next_seq, and stored in order).
+            following = self._scalar(query_lowest, (client_id,))
+            watermark = next_seq - 1 if following is None else following - 1
+            if watermark > last_ack:
+                self.conn.execute(
+                    "UPDATE sessions SET last_ack = ? WHERE client_id = ?", (watermark, client_id)
+                )
+        return True
+
+    def trim(self, client_id: str, keep_messages: int) -> int:
+        if keep_messages < 0:
+            raise ValueError(f"keep_messages must be >= 0, got {keep_messages}")
+        self._session_row(client_id, "trim")
+        newest_dropped = self._scalar(
+            "SELECT seq FROM deliveries WHERE client_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
+            (client_id, keep_messages),
+        )
+        if newest_dropped is None:
+            return 0
+        return self._remove_deliveries(client_id, " AND seq <= ?", (newest_dropped,))
+
+    def sweep(self) -> int:
+        """Delete unreferenced messages older than ``retention_seconds``; how many."""
+        cur = self.conn.execute(
+            "DELETE FROM messages WHERE refs <= 0 AND stored_at <= ?",
+            (self.clock() - self.retention_seconds,),
+        )
+        self.messages -= cur.rowcount
+        return cur.rowcount
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def session(self, client_id: str) -> SessionRecord | None:
+        row = self.conn.execute(
+            "SELECT client_id, grp, last_ack, next_seq FROM sessions WHERE client_id = ?",
+            (client_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        pending, pending_bytes = self.conn.execute(
+            "SELECT count(*), coalesce(sum(length(m.payload)), 0) FROM deliveries AS d "
+            "LEFT JOIN messages AS m ON m.rowid = d.message WHERE d.client_id = ?",
+            (client_id,),
+        ).fetchone()
+        filters = self.conn.execute(
+            "SELECT filter, dialect FROM filters WHERE client_id = ? ORDER BY filter, dialect",
+            (client_id,),
+        ).fetchall()
+        return SessionRecord(*row, tuple(filters), pending, pending_bytes)
+
+    def sessions(self) -> list[SessionRecord]:
+        filters: dict[str, list[tuple[str, str]]] = {}
+        for client_id, flt, dialect in self.conn.execute(
+            "SELECT client_id, filter, dialect FROM filters ORDER BY client_id, filter, dialect"
+        ):
+            filters.setdefault(client_id, []).append((flt, dialect))
+        rows = self.conn.execute(
+            "SELECT s.client_id, s.grp, s.last_ack, s.next_seq, count(d.seq), "
+            "coalesce(sum(length(m.payload)), 0) FROM sessions AS s "
+            "LEFT JOIN deliveries AS d ON d.client_id = s.client_id "
+            "LEFT JOIN messages AS m ON m.rowid = d.message "
+            "GROUP BY s.client_id ORDER BY s.client_id"
+        )
+        return [
+            SessionRecord(
+                client_id, group, last_ack, next_seq, tuple(filters.get(client_id, ())), n, size
+            )
+            for client_id, group, last_ack, next_seq, n, size in rows
+        ]
+
+    def pending(self, client_id: str, after_seq: int, limit: int) -> list[StoredMessage]:
+        if limit <= 0:
+            return []
+        rows = self.conn.execute(
+            "SELECT d.seq, m.msg_id, m.topic, m.payload, m.headers FROM deliveries AS d "
+            "JOIN messages AS m ON m.rowid = d.message "
+            "WHERE d.client_id = ? AND d.seq > ? ORDER BY d.seq LIMIT ?",
+            (client_id, after_seq, limit),
+        )
+        unpack = msgpack.unpackb
+        return [
+            StoredMessage(seq, msg_id, topic, payload, None if headers is None else unpack(headers))
+            for seq, msg_id, topic, payload, headers in rows
+        ]
+
+
+def _as_store_error(exc: Exception) -> Exception:
+    """sqlite3 errors become StoreError (chained); our own and programming errors pass as is."""
+    if isinstance(exc, sqlite3.Error):
+        error = StoreError(f"{type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return error
+    return exc
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
+    """Re-raise the one exception in ``group`` as itself (keeping its context), else the group.
+
+    The store's nursery wraps whatever leaves the ``async with`` body; a caller that wrote
+    ``except ValueError`` around it should still catch its own ValueError. ``Cancelled`` only
+    counts when nothing else is there (if the writer task failed, the body was cancelled
+    because of it; the failure is the news), as in trio's own ``as_safe_channel``.
+    """
+    others = [exc for exc in group.exceptions if not isinstance(exc, trio.Cancelled)]
+    if len(others) > 1:
+        raise group
+    only = others[0] if others else group.exceptions[0]
+    context = only.__context__
+    try:
+        raise only
+    finally:
+        only.__context__ = context
+        del only, context
+
+
+class _Op:
+    """One queued mutation: the backend method to run, and where its outcome goes."""
+
+    __slots__ = ("done", "error", "result", "work")
+
+    def __init__(self, work: _Work) -> None:
+        self.work = work
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def resolve(self, ok: bool, value: Any) -> None:
+        if self.done.is_set():
+            return
+        if ok:
+            self.result = value
+        else:
+            self.error = value
+        self.done.set()
+
+    def unwrap(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class Store:
+    """Durable sessions on SQLite; see the module docstring. Create with ``Store.open``.
+
+    Every async method may be called from many tasks at once. Mutations return once the
+    transaction holding them has committed (durably); reads see everything committed before
+    they started. Mutations naming an unknown session raise ``StoreError`` (``drop_session``
+    returns False); reads of an unknown session return ``None`` / ``[]``.
+    """
+
+    def __init__(
+        self,
+        backend: _SqliteBackend,
+        limiter: trio.CapacityLimiter,
+        *,
+        max_batch: int,
+        max_queued: int,
+    ) -> None:
+        self._backend = backend
+        self._limiter = limiter
+        self._max_batch = max_batch
+        self._send, self._receive = trio.open_memory_channel[_Op](max_queued)
+        self._closing = False
+        self._writer_done = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        retention = backend.retention_seconds
+        self._sweep_interval = min(max(retention / 2, 0.05), 60.0) if retention > 0 else math.inf
+        self._next_sweep = 0.0
+        # statistics
+        self._batches = 0
+        self._operations = 0
+        self._failed = 0
+        self._max_batch_seen = 0
+        self._last_commit_ms = 0.0
+        self._db_size = backend.file_size()
+        # Row counts as of the last commit (the backend's own move during a batch).
+        self._rows = backend.counts()
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        data_dir: str | os.PathLike[str],
+        *,
+        retention_seconds: float = 0.0,
+        dedup_window: int = 100_000,
+        max_batch: int = MAX_BATCH,
+        max_queued: int = MAX_QUEUED,
+    ) -> AsyncIterator[Store]:
+        """``async with Store.open(data_dir) as store:`` opens ``<data_dir>/topiary.db``.
+
+        The store's writer task lives in a nursery owned by this context manager; leaving it
+        flushes what is queued (shielded, at most ``CLEANUP_TIMEOUT`` seconds) and closes.
+        ``retention_seconds`` keeps unreferenced messages that long; ``dedup_window`` is how
+        many publisher message ids are remembered (0: no duplicate filtering).
+        """
+        if retention_seconds < 0 or not math.isfinite(retention_seconds):
+            raise ValueError(f"retention_seconds must be finite and >= 0: {retention_seconds}")
+        if dedup_window < 0:
+            raise ValueError(f"dedup_window must be >= 0, got {dedup_window}")
+        if max_batch < 1 or max_queued < 1:
+            raise ValueError("max_batch and max_queued must be >= 1")
+        directory = Path(data_dir)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create data directory {directory}: {exc.strerror}") from None
+        limiter = trio.CapacityLimiter(1)
+        backend = await trio.to_thread.run_sync(
+            partial(
+                _SqliteBackend.open,
+                directory / DB_FILENAME,
+                retention_seconds=retention_seconds,
+                dedup_window=dedup_window,
+            ),
+            limiter=limiter,
+        )
+        try:
+            store = cls(backend, limiter, max_batch=max_batch, max_queued=max_queued)
+            try:
+                async with trio.open_nursery() as nursery:
+                    store._nursery = nursery
+                    nursery.start_soon(store._write_loop)
+                    try:
+                        yield store
+                    finally:
+                        await store.aclose()
+            except BaseExceptionGroup as group:
+                _raise_single(group)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(backend.close, limiter=limiter)
+
+    async def aclose(self) -> None:
+        """Stop taking operations, commit what is queued (bounded, shielded), stop the writer.
+
+        Leaving ``async with Store.open(...)`` calls this; calling it earlier is allowed, and
+        calling it twice is harmless. Operations still queued after ``CLEANUP_TIMEOUT`` seconds
+        fail with ``StoreError``. The connection itself closes when the ``async with`` ends.
+        """
+        self._closing = True
+        self._send.close()
+        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
+            await self._writer_done.wait()
+        if not self._writer_done.is_set() and self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    # -- the writer ----------------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                first: _Op | None = None
+                with trio.move_on_after(self._sweep_interval):
+                    try:
+                        first = await self._receive.receive()
+                    except trio.EndOfChannel:
+                        return
+                await self._commit([] if first is None else [first])
+        finally:
+            self._writer_done.set()
+            self._fail_queued()
+
+    async def _commit(self, batch: list[_Op]) -> None:
+        """Commit ``batch`` plus everything queued behind it (up to ``max_batch``)."""
+        try:
+            if batch:
+                await trio.lowlevel.checkpoint()  # let tasks that are ready enqueue too
+            while len(batch) < self._max_batch:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            works = [op.work for op in batch]
+            if math.isfinite(self._sweep_interval) and trio.current_time() >= self._next_sweep:
+                self._next_sweep = trio.current_time() + self._sweep_interval
+                works.append(_SqliteBackend.sweep)
+            if not works:
+                return
+            # Not abandoned on cancel: once started, the batch runs to its end and the
+            # outcomes below are delivered before any checkpoint.
+            committed, outcomes, elapsed, size, rows = await trio.to_thread.run_sync(
+                self._run_in_thread, works, limiter=self._limiter
+            )
+        except BaseException as exc:
+            for op in batch:
+                op.resolve(False, StoreError(f"not committed: the store stopped ({exc!r})"))
+            raise
+        for op, (ok, value) in zip(batch, outcomes[: len(batch)], strict=True):
+            op.resolve(ok, value)
+            self._failed += not ok
+        if committed:
+            self._batches += 1
+            self._operations += len(batch)
+            self._max_batch_seen = max(self._max_batch_seen, len(batch))
+        self._last_commit_ms = elapsed * 1000.0
+        self._db_size = size
+        self._rows = rows
+
+    def _run_in_thread(
+        self, works: list[_Work]
+    ) -> tuple[bool, list[_Outcome], float, int, _RowCounts]:
+        start = time.perf_counter()
+        committed, outcomes = self._backend.run_batch(works)
+        elapsed = time.perf_counter() - start
+        return committed, outcomes, elapsed, self._backend.file_size(), self._backend.counts()
+
+    def _fail_queued(self) -> None:
+        while True:
+            try:
+                op = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            op.resolve(False, StoreError(f"{self._backend.path}: closed before the commit"))
+        self._receive.close()
+
+    # -- submitting ----------------------------------------------------------------------------
+
+    async def _submit(self, work: _Work) -> Any:
+        if self._closing:
+            raise StoreError(f"{self._backend.path}: the store is closed")
+        op = _Op(work)
+        # A caller cancelled before this point enqueues nothing. send_nowait when there is room
+        # saves the schedule round of ``send``; waiting for the commit is the checkpoint.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            try:
+                self._send.send_nowait(op)
+            except trio.WouldBlock:
+                await self._send.send(op)  # backpressure: wait for room
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise StoreError(f"{self._backend.path}: the store is closed") from None
+        await op.done.wait()
+        return op.unwrap()
+
+    async def _read(self, work: _Work) -> Any:
+        if self._closing:
+            raise StoreError(f"{self._backend.path}: the store is closed")
+        try:
+            return await trio.to_thread.run_sync(work, self._backend, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self._backend.path}: read failed: {exc}") from exc
+
+    # -- the API -------------------------------------------------------------------------------
+
+    async def create_session(self, client_id: str, group: str | None) -> SessionRecord:
+        """Create the session, or return the existing one unchanged (its group included)."""
+        return await self._submit(
+            partial(_SqliteBackend.create_session, client_id=client_id, group=group)
+        )
+
+    async def drop_session(self, client_id: str) -> bool:
+        """Delete the session, its filters and deliveries; False if there was none."""
+        return await self._submit(partial(_SqliteBackend.drop_session, client_id=client_id))
+
+    async def sessions(self) -> list[SessionRecord]:
+        """Every session, ordered by client id."""
+        return await self._read(_SqliteBackend.sessions)
+
+    async def session(self, client_id: str) -> SessionRecord | None:
+        return await self._read(partial(_SqliteBackend.session, client_id=client_id))
+
+    async def set_filters(self, client_id: str, filters: Iterable[tuple[str, str]]) -> None:
+        """Replace the session's filters with ``filters`` ((filter, dialect) pairs)."""
+        pairs = tuple((flt, dialect) for flt, dialect in filters)
+        await self._submit(partial(_SqliteBackend.set_filters, client_id=client_id, filters=pairs))
+
+    async def add_filter(self, client_id: str, filter: str, dialect: str) -> None:
+        await self._submit(
+            partial(_SqliteBackend.add_filter, client_id=client_id, filter=filter, dialect=dialect)
+        )
+
+    async def remove_filter(self, client_id: str, filter: str, dialect: str) -> None:
+        await self._submit(
+            partial(
+                _SqliteBackend.remove_filter, client_id=client_id, filter=filter, dialect=dialect
+            )
+        )
+
+    async def append(
+        self,
+        *,
+        msg_id: str,
+        topic: str,
+        payload: bytes,
+        headers: dict[str, str] | None,
+        deliveries: Sequence[tuple[str, int]],
+        publisher_msg_id: str | None = None,
+    ) -> bool:
+        """Store a message once and one pending delivery per (client_id, seq); durable on return.
+
+        Returns False, storing nothing, when ``publisher_msg_id`` is among the newest
+        ``dedup_window`` ids already stored (a duplicate publish). Each delivery's session must
+        exist (else ``StoreError``, nothing stored) and its ``next_seq`` becomes at least
+        ``seq + 1``. With no deliveries the message is not kept (unless retention is on), but
+        its publisher id is. If the caller is cancelled while waiting, the message may still
+        have been stored (at-least-once).
+        """
+        blob = None if headers is None else msgpack.packb(headers)
+        work = partial(
+            _SqliteBackend.append,
+            msg_id=msg_id,
+            topic=topic,
+            payload=bytes(payload),
+            headers=blob,
+            deliveries=tuple((client_id, seq) for client_id, seq in deliveries),
+            publisher_msg_id=publisher_msg_id,
+        )
+        return await self._submit(work)
+
+    async def ack(self, client_id: str, seq: int) -> int:
+        """Cumulative ack: delete deliveries with seq <= ``seq``; how many were removed.
+
+        ``last_ack`` becomes ``max(last_ack, seq)`` (and ``next_seq`` stays above it); messages
+        no delivery needs any more are deleted. The broker validates ``seq``; the store does not.
+        """
+        return await self._submit(partial(_SqliteBackend.ack, client_id=client_id, seq=seq))
+
+    async def ack_one(self, client_id: str, seq: int) -> bool:
+        """Remove exactly one delivery (shared groups); whether it was pending.
+
+        ``last_ack`` moves only when it was the lowest pending delivery: up to just below the
+        next pending one, or to ``next_seq - 1`` when none is left.
+        """
+        return await self._submit(partial(_SqliteBackend.ack_one, client_id=client_id, seq=seq))
+
+    async def pending(self, client_id: str, after_seq: int, limit: int) -> list[StoredMessage]:
+        """Up to ``limit`` pending deliveries with seq > ``after_seq``, in seq order."""
+        return await self._read(
+            partial(_SqliteBackend.pending, client_id=client_id, after_seq=after_seq, limit=limit)
+        )
+
+    async def trim(self, client_id: str, keep_messages: int) -> int:
+        """Drop the oldest pending deliveries so at most ``keep_messages`` remain; how many.
+
+        ``last_ack`` does not move: the dropped seqs are simply gone (the broker counts them).
+        """
+        return await self._submit(
+            partial(_SqliteBackend.trim, client_id=client_id, keep_messages=keep_messages)
+        )
+
+    def statistics(self) -> StoreStatistics:
+        sessions, messages, deliveries, dedup_ids, duplicates = self._rows
+        send_stats = self._send.statistics()
+        return StoreStatistics(
+            batches_committed=self._batches,
+            operations=self._operations,
+            operations_failed=self._failed,
+            mean_batch_size=self._operations / self._batches if self._batches else 0.0,
+            max_batch_size=self._max_batch_seen,
+            last_commit_ms=self._last_commit_ms,
+            queued_operations=send_stats.current_buffer_used,
+            callers_waiting_for_room=send_stats.tasks_waiting_send,
+            db_size_bytes=self._db_size,
+            sessions=sessions,
+            messages=messages,
+            deliveries=deliveries,
+            dedup_ids=dedup_ids,
+            duplicates=duplicates,
+        )
