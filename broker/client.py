@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.frames import (
     MAX_MSG_ID_BYTES,
     PROTOCOL_VERSION,
+    Ack,
     Error,
     Frame,
     Hello,
@@ -67,6 +69,7 @@ RECEIVE_SIZE = 256 * 1024
 WRITE_BUFFER_LIMIT = 1024 * 1024
 YIELD_AT = 64 * 1024  # a publisher in a tight loop lets the writer run every ~64 KiB
 SUBSCRIPTION_BUFFER = 1000
+UNCLAIMED_LIMIT = 10_000  # durable replay kept until the application subscribes again
 
 log = get_logger("topiary.client")
 _packb = msgpack.Packer(use_bin_type=True).pack
@@ -178,6 +181,13 @@ class Subscription:
         except StopAsyncIteration:
             raise ConnectionLost("subscription closed") from None
 
+    async def unsubscribe(self) -> None:
+        """End the subscription at the broker (for a durable session: for good)."""
+        if self.sub_id is not None and not self.closed:
+            sub_id = self.sub_id
+            await self.client._request(lambda rid: Unsub(id=rid, sub=sub_id))
+            self.sub_id = None
+
     async def _put(self, message: Message) -> None:
         if not self.closed:
             await self._send.send(message)
@@ -202,8 +212,11 @@ class Client:
         keepalive: float,
         reconnect: bool,
         backoff: tuple[float, float],
+        durable: bool = False,
     ) -> None:
         self.address = parse_server(server)
+        self.durable = durable
+        self.session_present = False
         self.requested_client_id = client_id
         self.client_id: str | None = None
         self.server_id: str | None = None
@@ -221,6 +234,7 @@ class Client:
         self._local = routing.SubscriptionTable()  # filter -> local Subscription objects
         self._active: list[Subscription] = []
         self._renewals: dict[int, Subscription] = {}  # SUB request id -> renewed subscription
+        self._unclaimed: deque[Message] = deque(maxlen=UNCLAIMED_LIMIT)
         self._out = bytearray()
         self._out_ready = trio.Event()
         self._out_drained = trio.Event()
@@ -239,6 +253,7 @@ class Client:
         hello = Hello(
             version=PROTOCOL_VERSION,
             client_id=client_id,
+            durable=self.durable,
             credentials=self.credentials,
             keepalive=self.keepalive,
         )
@@ -262,6 +277,7 @@ class Client:
         self._proto = proto
         self.client_id = event.client_id
         self.server_id = event.server_id
+        self.session_present = event.session_present
         self._out = bytearray()
         self._connected.set()
 
@@ -373,7 +389,13 @@ class Client:
             id=frame.msg_id,
             sub=frame.sub,
         )
-        for sub in self._local.match(frame.topic):
+        targets = self._local.match(frame.topic)
+        if not targets and self.durable:
+            # A resumed durable session is sent what it missed right after WELCOME, before
+            # the application has subscribed again: keep it for the subscription to come.
+            self._unclaimed.append(message)
+            return
+        for sub in targets:
             await sub._put(message)  # type: ignore[attr-defined]
 
     async def _writer(self, nursery: trio.Nursery) -> None:
@@ -480,6 +502,13 @@ class Client:
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
 
+    async def ack(self, seq: int) -> None:
+        """Acknowledge every message up to ``seq`` (cumulative) on a durable session: the
+        broker will not send them again."""
+        await self._ready()
+        self._write(Ack(seq=seq))
+        await trio.lowlevel.checkpoint_if_cancelled()
+
     async def stats(self) -> dict[str, Any]:
         reply = await self._request(lambda rid: Stats(id=rid))
         assert isinstance(reply, StatsReply)
@@ -508,7 +537,9 @@ class Client:
         sub.sub_id = reply.sub
         self._subs[reply.sub] = sub
         self._active.append(sub)
-        self._local.add(filter, sub, dialect)
+        if self._unclaimed:
+            await self._claim(sub)
+        self._local.add(filter, sub, dialect)  # no checkpoint since the last claim: in order
         try:
             yield sub
         finally:
@@ -517,13 +548,33 @@ class Client:
             sub._end(None)
             if sub.sub_id is not None:
                 self._subs.pop(sub.sub_id, None)
-                if self._failure is None and not self._closing and self._connected.is_set():
+                # A durable session keeps its subscriptions when the application stops
+                # listening (that is the point of it); sub.unsubscribe() ends one for good.
+                if (
+                    not self.durable
+                    and self._failure is None
+                    and not self._closing
+                    and self._connected.is_set()
+                ):
                     with (
                         trio.CancelScope(shield=True),
                         trio.move_on_after(5),
                         suppress(BrokerError, ConnectionLost),
                     ):
                         await self._request(lambda rid: Unsub(id=rid, sub=sub.sub_id))
+
+    async def _claim(self, sub: Subscription) -> None:
+        """Hand a new subscription the messages that arrived for it before it existed."""
+        flt = routing.parse_filter(sub.filter, sub.dialect)
+        while True:  # more may arrive while we hand them over: until none is left
+            mine = [m for m in self._unclaimed if flt.matches(m.topic)]
+            if not mine:
+                return
+            self._unclaimed = deque(
+                (m for m in self._unclaimed if not flt.matches(m.topic)), maxlen=UNCLAIMED_LIMIT
+            )
+            for message in mine:
+                await sub._put(message)
 
     async def _flush(self) -> None:
         """Wait until everything written so far has gone to the socket."""
@@ -543,8 +594,14 @@ async def connect(
     keepalive: float = 30.0,
     reconnect: bool = False,
     backoff: tuple[float, float] = (0.05, 5.0),
+    durable: bool = False,
 ) -> AsyncIterator[Client]:
-    """Connect and say HELLO; raises BrokerError if refused, OSError if unreachable."""
+    """Connect and say HELLO; raises BrokerError if refused, OSError if unreachable.
+
+    ``durable=True`` (with a ``client_id``) resumes or creates a durable session: the
+    broker keeps its subscriptions and stores its messages while it is away, and sends
+    everything after the last ``ack`` when it comes back (``client.session_present``).
+    """
     if not (math.isfinite(keepalive) and keepalive > 0):
         raise ValueError("keepalive must be a positive number of seconds")
     client = Client(
@@ -554,6 +611,7 @@ async def connect(
         keepalive=keepalive,
         reconnect=reconnect,
         backoff=backoff,
+        durable=durable,
     )
     await client._open()
     async with trio.open_nursery() as nursery:

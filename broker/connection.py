@@ -18,10 +18,12 @@ else is a bug and propagates.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+import routing
 from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.frames import (
     PROTOCOL_VERSION,
@@ -39,18 +41,21 @@ from broker.frames import (
     Welcome,
 )
 from broker.log import get_logger
+from broker.message import Message, encode_msg
 from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
 from broker.replies import encode_puback, encode_suback, encode_unsuback
 from broker.session import Session
+from broker.store import Pending, StoreError
 
 if TYPE_CHECKING:
-    from broker.core import Broker
+    from broker.core import Broker, DurableWork
 
 RECEIVE_SIZE = 256 * 1024
 ERROR_FLUSH_SECONDS = 1.0
 LINGER_SECONDS = 0.5
 MIN_KEEPALIVE = 0.5
 MAX_KEEPALIVE = 3600.0
+FILL_PAGE = 500  # messages fetched from the store per gap-fill read
 
 log = get_logger("topiary.connection")
 
@@ -75,6 +80,9 @@ class ClientConnection:
         self._closing = False
         self._broken = False
         self._writer_done = trio.Event()
+        self._later: list[tuple[Any, tuple[Any, ...]]] = []  # awaited before reading on
+        self._confirms: deque[tuple[Pending | None, int]] = deque()
+        self._confirm_ready = trio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -88,17 +96,31 @@ class ClientConnection:
             with self._handshake_scope:
                 session = await self._handshake()
             if session is not None and self._shutting_down:
-                broker.close_session(session)
+                self._release(session)
                 session = None
             if session is not None:
                 self.session = session
                 try:
                     await self._serve_session(session)
                 finally:
-                    broker.close_session(session)
+                    self._release(session)
         finally:
             broker.connections.discard(self)
             await trio.aclose_forcefully(self.stream)
+
+    def _release(self, session: Session) -> None:
+        if session.durable:
+            session.detach(self)  # the session stays, stored, and keeps its routes
+        else:
+            self.broker.close_session(session)
+
+    def take_over(self) -> None:
+        """Another connection claims our durable session: the newer one wins."""
+        self._stop(
+            RemoteProtocolError(
+                ErrorCode.SESSION_TAKEN, "another connection took over this durable session"
+            )
+        )
 
     def begin_shutdown(self) -> None:
         """Stop reading; queued messages are flushed, then ERROR SHUTTING_DOWN."""
@@ -109,6 +131,7 @@ class ClientConnection:
     async def _serve_session(self, session: Session) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, session)
+            nursery.start_soon(self._confirm_loop, session)
             nursery.start_soon(self._keepalive_loop)
             nursery.start_soon(self._watch_session, session)
             reason: RemoteProtocolError | None = None
@@ -186,12 +209,31 @@ class ClientConnection:
             return None
         if frame.keepalive:
             self.keepalive = min(max(frame.keepalive, MIN_KEEPALIVE), MAX_KEEPALIVE)
-        session = broker.open_session(frame.client_id)
+        present = False
+        if frame.durable:
+            assert frame.client_id is not None
+            session, present = await broker.open_durable(frame.client_id)
+            previous = session.connection
+            if previous is not None:
+                previous.take_over()  # type: ignore[attr-defined]
+                with trio.move_on_after(config.shutdown_timeout):
+                    while session.connection is previous:
+                        await trio.sleep(0.01)
+                if session.connection is not None:
+                    await self._refuse(
+                        RemoteProtocolError(
+                            ErrorCode.SESSION_TAKEN, "the session's connection did not let go"
+                        )
+                    )
+                    return None
+            session.attach(self)
+        else:
+            session = broker.open_session(frame.client_id)
         welcome = Welcome(
             version=PROTOCOL_VERSION,
             client_id=session.client_id,
             server_id=broker.server_id,
-            session_present=False,
+            session_present=present,
             max_frame=config.max_frame,
             keepalive=self.keepalive * 1.5,
         )
@@ -212,12 +254,22 @@ class ClientConnection:
                 return RemoteProtocolError(ErrorCode.AUTH_FAILED, "bad or missing token")
         if hello.client_id is not None and not 0 < len(hello.client_id.encode()) <= 256:
             return RemoteProtocolError(
-                ErrorCode.BAD_FRAME, "client_id must be 1..256 bytes of UTF-8"
+                ErrorCode.INVALID_CLIENT_ID, "client_id must be 1..256 bytes of UTF-8"
             )
-        if hello.durable or hello.group is not None:
+        if hello.group is not None:
             return RemoteProtocolError(
-                ErrorCode.UNSUPPORTED, "durable sessions and shared groups are not available yet"
+                ErrorCode.UNSUPPORTED, "shared groups are not available yet"
             )
+        if hello.durable:
+            if hello.client_id is None:
+                return RemoteProtocolError(
+                    ErrorCode.INVALID_CLIENT_ID, "a durable session needs a client_id"
+                )
+            if self.broker.store is None:
+                return RemoteProtocolError(
+                    ErrorCode.UNSUPPORTED,
+                    "durable sessions need a broker started with --data-dir",
+                )
         return None
 
     async def _refuse(self, exc: RemoteProtocolError) -> None:
@@ -271,6 +323,8 @@ class ClientConnection:
                 problem = self._handle(session, event)  # type: ignore[arg-type]
                 if problem is not None:
                     return problem
+                if self._later:
+                    await self._run_later()
             await session.wait_control_drained()
             proto.receive_data(await self._receive())
 
@@ -295,17 +349,32 @@ class ClientConnection:
                     ),
                 )
                 return None
-            broker.publish(frame.topic, frame.payload, frame.headers, frame.msg_id)
-            if frame.id is not None:
-                session.send_control(encode_puback(frame.id))
+            work = broker.publish(frame.topic, frame.payload, frame.headers, frame.msg_id)
+            if work is not None:
+                self._later.append((self._persist, (work, frame.id)))
+            elif frame.id is not None:
+                if self._confirms:  # keep PUBACKs in order behind ones waiting for a commit
+                    self._confirm_after(None, frame.id)
+                else:
+                    session.send_control(encode_puback(frame.id))
         elif cls is Sub:
             assert isinstance(frame, Sub)
             sub_id = broker.subscribe(session, frame.parsed)
-            session.send_control(encode_suback(frame.id, sub_id))
+            reply = encode_suback(frame.id, sub_id)
+            if session.durable:
+                self._later.append((self._store_filter, (session, frame.parsed, True, reply)))
+            else:
+                session.send_control(reply)
         elif cls is Unsub:
             assert isinstance(frame, Unsub)
+            ref = session.subs.get(frame.sub)
             if broker.unsubscribe(session, frame.sub):
-                session.send_control(encode_unsuback(frame.id))
+                reply = encode_unsuback(frame.id)
+                if session.durable and ref is not None and not ref.sub_ids:
+                    flt = routing.parse_filter(ref.filter, ref.dialect)
+                    self._later.append((self._store_filter, (session, flt, False, reply)))
+                else:
+                    session.send_control(reply)
             else:
                 self._refuse_request(
                     session,
@@ -322,14 +391,18 @@ class ClientConnection:
             pass  # last_heard was updated when its bytes arrived
         elif cls is Ack:
             assert isinstance(frame, Ack)
-            if frame.seq > session.seq:
+            delivered = session.sent_upto if session.durable else session.seq
+            if frame.seq > delivered:
                 self._refuse_request(
                     session,
                     RemoteProtocolError(
                         ErrorCode.INVALID_ACK,
-                        f"ack of sequence {frame.seq}, but only {session.seq} were delivered",
+                        f"ack of sequence {frame.seq}, but only {delivered} were delivered",
                     ),
                 )
+            elif session.durable and frame.seq > session.last_ack:
+                session.last_ack = frame.seq
+                self._later.append((self._store_ack, (session, frame.seq)))
         elif cls is Stats:
             assert isinstance(frame, Stats)
             session.send_control(send(StatsReply(id=frame.id, stats=broker.stats())))
@@ -348,6 +421,9 @@ class ClientConnection:
         counters = self.broker.counters
         try:
             while True:
+                if session.needs_fill():
+                    await self._fill_from_store(session)
+                    continue
                 if not session.queued:
                     if self._closing:
                         return
@@ -362,6 +438,77 @@ class ClientConnection:
             self._stop(None)
         finally:
             self._writer_done.set()
+
+    async def _fill_from_store(self, session: Session) -> None:
+        """Send the next messages from the store: the session missed them in its queue."""
+        store = self.broker.store
+        assert store is not None
+        target = session.fill_target()
+        await session.wait_committed(session.sent_upto + 1)
+        page = await store.pending(session.client_id, session.sent_upto, FILL_PAGE)
+        page = [m for m in page if m.seq <= target]
+        if not page:  # trimmed, or a duplicate that was never stored: nothing to send
+            session.sent_upto = min(target, session.committed_upto)
+            return
+        data = b"".join(
+            encode_msg(Message(m.topic, m.payload, m.headers, m.msg_id), 0, m.seq) for m in page
+        )
+        session.sent_upto = page[-1].seq
+        self.broker.counters.messages_replayed += len(page)
+        await self.stream.send_all(data)
+        self.broker.counters.bytes_sent += len(data)
+
+    # -- work that waits for the store ---------------------------------------------------
+
+    async def _run_later(self) -> None:
+        later, self._later = self._later, []
+        for job, args in later:
+            await job(*args)
+
+    async def _persist(self, work: DurableWork, request_id: int | None) -> None:
+        pending = await self.broker.persist(work)
+        if request_id is not None:
+            self._confirm_after(pending, request_id)
+
+    def _confirm_after(self, pending: Pending | None, request_id: int) -> None:
+        self._confirms.append((pending, request_id))
+        self._confirm_ready.set()
+
+    async def _confirm_loop(self, session: Session) -> None:
+        """PUBACKs in order, each once its message is committed (when it had to be)."""
+        confirms = self._confirms
+        while True:
+            if not confirms:
+                self._confirm_ready = trio.Event()
+                await self._confirm_ready.wait()
+                continue
+            pending, request_id = confirms[0]
+            reply = encode_puback(request_id)
+            if pending is not None:
+                try:
+                    await pending.wait()
+                except StoreError as exc:
+                    reply = self.proto.send(
+                        Error(code=ErrorCode.INTERNAL, text=f"not stored: {exc}", ref=request_id)
+                    )
+            confirms.popleft()
+            session.send_control(reply)
+
+    async def _store_filter(
+        self, session: Session, flt: routing.Filter, add: bool, reply: bytes
+    ) -> None:
+        store = self.broker.store
+        assert store is not None
+        if add:
+            await store.add_filter(session.client_id, flt.text, flt.dialect)
+        else:
+            await store.remove_filter(session.client_id, flt.text, flt.dialect)
+        session.send_control(reply)
+
+    async def _store_ack(self, session: Session, seq: int) -> None:
+        store = self.broker.store
+        assert store is not None
+        await store.begin_ack(session.client_id, seq)
 
     async def _keepalive_loop(self) -> None:
         interval = self.keepalive

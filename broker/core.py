@@ -9,15 +9,23 @@ the listener loop (broker/server.py) are the trio shell around it.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
+
+import trio
 
 import routing
 from broker.config import BrokerConfig
+from broker.log import get_logger
 from broker.message import Message
 from broker.session import OutboundLimits, Session, SubRef
 from broker.stats import Counters
+from broker.store import Pending, Store, StoreError
+
+log = get_logger("topiary.broker")
 
 _CLIENT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -59,9 +67,23 @@ class RecentIds:
         return len(self._ids)
 
 
+@dataclass(slots=True)
+class DurableWork:
+    """What one PUB asks of the store: the message and its (session, seq) deliveries."""
+
+    message: Message
+    deliveries: list[tuple[Session, int]]
+    publisher_msg_id: str | None
+
+
 class Broker:
-    def __init__(self, config: BrokerConfig | None = None) -> None:
+    def __init__(self, config: BrokerConfig | None = None, store: Store | None = None) -> None:
         self.config = config or BrokerConfig()
+        self.store = store
+        self.durable: dict[str, Session] = {}
+        self._commits_send, self._commits_receive = trio.open_memory_channel[
+            tuple[Pending, list[tuple[Session, int]]]
+        ](math.inf)
         self.server_id = self.config.server_id or f"topiary-{os.getpid()}"
         self.table = routing.SubscriptionTable(cache_size=self.config.match_cache)
         self.counters = Counters()
@@ -91,6 +113,62 @@ class Broker:
         session = Session(client_id, self.limits, self.counters)
         self.sessions[client_id] = session
         return session
+
+    async def load(self) -> int:
+        """Restore the durable sessions in the store (their filters route again at once)."""
+        assert self.store is not None
+        records = await self.store.sessions()
+        for record in records:
+            session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
+            for text, dialect in record.filters:
+                self.subscribe(session, routing.parse_filter(text, dialect))
+        return len(records)
+
+    def _new_durable(self, client_id: str, seq: int, last_ack: int) -> Session:
+        session = Session(
+            client_id, self.limits, self.counters, durable=True, seq=seq, last_ack=last_ack
+        )
+        self.durable[client_id] = session
+        return session
+
+    async def open_durable(self, client_id: str) -> tuple[Session, bool]:
+        """The durable session ``client_id`` and whether it existed (session_present)."""
+        session = self.durable.get(client_id)
+        if session is not None:
+            return session, True
+        assert self.store is not None
+        record = await self.store.create_session(client_id, None)
+        return self._new_durable(client_id, record.next_seq - 1, record.last_ack), False
+
+    async def persist(self, work: DurableWork) -> Pending:
+        """Queue the store append for ``work``; committed (or failed) seqs are marked by
+        ``watch_commits``, which lets writers fill gaps from the store."""
+        assert self.store is not None
+        message = work.message
+        pending = await self.store.begin_append(
+            msg_id=message.msg_id,
+            topic=message.topic,
+            payload=message.payload,
+            headers=message.headers,
+            deliveries=[(session.client_id, seq) for session, seq in work.deliveries],
+            publisher_msg_id=work.publisher_msg_id,
+        )
+        self._commits_send.send_nowait((pending, work.deliveries))
+        return pending
+
+    async def watch_commits(self) -> None:
+        """Mark each durable delivery committed, in commit order (one task per broker)."""
+        async for pending, deliveries in self._commits_receive:
+            try:
+                await pending.wait()
+            except StoreError as exc:
+                self.counters.store_errors += 1
+                log.error("store append failed", error=str(exc))
+            for session, seq in deliveries:
+                session.mark_committed(seq)
+
+    def stop_watching_commits(self) -> None:
+        self._commits_send.close()
 
     def close_session(self, session: Session) -> None:
         for ref in list(session.refs.values()):
@@ -130,35 +208,42 @@ class Broker:
         payload: bytes,
         headers: dict[str, str] | None = None,
         msg_id: str | None = None,
-    ) -> int:
-        """Route one message to every interested session; returns how many got it."""
+    ) -> DurableWork | None:
+        """Route one message to every interested session.
+
+        Returns the store work when durable sessions got it (the caller queues it with
+        ``persist`` before reading on, so the store sees appends in routing order).
+        """
         counters = self.counters
         if msg_id is not None and self._recent_ids.seen(msg_id):
             counters.duplicates_dropped += 1
-            return 0
+            return None
         counters.messages_in += 1
         counters.bytes_in += len(payload)
         targets = self.table.match(topic)
         if not targets:
             counters.messages_unrouted += 1
-            return 0
+            return None
         message = Message(topic, payload, headers, msg_id or self.next_msg_id())
         delivered = 0
-        if len(targets) == 1:
-            for ref in targets:
-                delivered = ref.session.deliver(message, ref.sub_ids[0])
-        else:
-            seen: set[int] = set()
-            for ref in targets:
-                session = ref.session
-                key = id(session)
-                if key in seen:
-                    continue
-                seen.add(key)
-                delivered += session.deliver(message, ref.sub_ids[0])
+        durable: list[tuple[Session, int]] | None = None
+        seen: set[int] = set()
+        for ref in targets:
+            session = ref.session
+            key = id(session)
+            if key in seen:
+                continue
+            seen.add(key)
+            delivered += session.deliver(message, ref.sub_ids[0])
+            if session.durable:
+                if durable is None:
+                    durable = []
+                durable.append((session, session.seq))
         counters.messages_out += delivered
         counters.bytes_out += delivered * message.size
-        return delivered
+        if durable is None or self.store is None:
+            return None
+        return DurableWork(message, durable, msg_id)
 
     # -- operators -----------------------------------------------------------------------
 
@@ -170,6 +255,7 @@ class Broker:
                 "server_id": self.server_id,
                 "uptime_seconds": round(time.time() - self.started, 3),
                 "connections": len(self.connections),
+                "durable_sessions": len(self.durable),
                 "subscriptions": sum(len(s.subs) for s in self.sessions.values()),
                 "table": {
                     "entries": table.subscriptions,

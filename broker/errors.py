@@ -51,6 +51,7 @@ class ErrorCode(StrEnum):
     INVALID_ACK = "INVALID_ACK"
     SESSION_TAKEN = "SESSION_TAKEN"
     UNSUPPORTED = "UNSUPPORTED"
+    INVALID_CLIENT_ID = "INVALID_CLIENT_ID"
     INTERNAL = "INTERNAL"
 
     @property
@@ -87,6 +88,7 @@ CLOSES_CONNECTION: Mapping[ErrorCode, bool] = MappingProxyType(
         _C.INVALID_ACK: False,
         _C.SESSION_TAKEN: True,
         _C.UNSUPPORTED: True,
+        _C.INVALID_CLIENT_ID: True,
         _C.INTERNAL: True,
     }
 )
@@ -132,7 +134,14 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
             "HELLO asked for a feature this broker does not offer (for example a durable "
             "session on a broker built without storage)."
         ),
-        _C.INTERNAL: "A bug or unexpected failure on the sender's side.",
+        _C.INVALID_CLIENT_ID: (
+            "HELLO's client_id is empty or over 256 bytes, or missing where a durable session "
+            "needs one."
+        ),
+        _C.INTERNAL: (
+            "A bug or unexpected failure on the sender's side (for a PUB: it could not be "
+            "stored; `ref` names it)."
+        ),
     }
 )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import signal
+from contextlib import AsyncExitStack
 from typing import Any
 
 import trio
@@ -22,6 +23,7 @@ from broker.config import BrokerConfig
 from broker.connection import ClientConnection
 from broker.core import Broker
 from broker.log import get_logger
+from broker.store import Store
 
 log = get_logger("topiary.server")
 
@@ -43,6 +45,7 @@ class Server:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._shutdown = trio.Event()
+        self.stopped = trio.Event()
         self.addresses: list[tuple[str, int]] = []
 
     def shutdown(self) -> None:
@@ -74,6 +77,7 @@ class Server:
                 connection.begin_shutdown()
         counters = broker.counters
         log.info("stopped", messages_in=counters.messages_in, messages_out=counters.messages_out)
+        self.stopped.set()
 
     async def _accept_loop(self, listener: Any, connections: trio.Nursery) -> None:
         while True:
@@ -96,20 +100,37 @@ async def run_broker(
     handle_signals: bool = False,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Bind ``config.host:config.port`` and serve until shut down (or a signal)."""
-    broker = broker or Broker(config)
-    server = Server(broker)
-    listeners = await trio.open_tcp_listeners(config.port, host=config.host)
-    async with trio.open_nursery() as nursery:
-        signals = trio.CancelScope()
-        if handle_signals:
-            nursery.start_soon(_shutdown_on_signal, server, signals)
-        await nursery.start(server.serve, listeners)
-        task_status.started(server)
-        await server._shutdown.wait()
-        signals.cancel()
-        # serve() drains connections within shutdown_timeout; this is the backstop
-        nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout + 5
+    """Bind ``config.host:config.port`` and serve until shut down (or a signal).
+
+    With ``config.data_dir`` the broker opens its store there first and restores the
+    durable sessions in it; the store is closed (its last batch flushed) after the last
+    connection has gone.
+    """
+    async with AsyncExitStack() as stack:
+        store = None
+        if config.data_dir is not None:
+            store = await stack.enter_async_context(
+                Store.open(config.data_dir, dedup_window=config.dedup_window)
+            )
+        broker = broker or Broker(config, store=store)
+        if store is not None:
+            restored = await broker.load()
+            log.info("store opened", data_dir=config.data_dir, durable_sessions=restored)
+        server = Server(broker)
+        listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+        async with trio.open_nursery() as nursery:
+            signals = trio.CancelScope()
+            if handle_signals:
+                nursery.start_soon(_shutdown_on_signal, server, signals)
+            nursery.start_soon(broker.watch_commits)
+            await nursery.start(server.serve, listeners)
+            task_status.started(server)
+            await server._shutdown.wait()
+            signals.cancel()
+            # serve() drains connections within shutdown_timeout; this is the backstop
+            nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout + 5
+            await server.stopped.wait()
+            broker.stop_watching_commits()
 
 
 async def _shutdown_on_signal(server: Server, scope: trio.CancelScope) -> None:

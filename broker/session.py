@@ -12,8 +12,14 @@ client's own requests, so when too many are queued the connection stops
 reading that client until its writer catches up: backpressure on the one
 client that caused it.
 
-A transient session lives as long as its connection. Durable sessions (stored
-filters and last-acked position) keep this interface and add storage.
+A transient session lives as long as its connection. A durable session
+(client id + durable flag) lives in the store and outlives its connections:
+every message for it gets a sequence number and is stored (the broker's
+append), and the queue here is only the fast path to a connected client.
+When the queue is full, or no connection is attached, the message is not
+lost but deferred: the connection's writer sends strictly in sequence order
+and fills any gap from the store (``needs_fill``), so a durable client gets
+every message after its last ack, in order, however fast or slow it reads.
 """
 
 from __future__ import annotations
@@ -58,14 +64,32 @@ class SubRef:
 
 
 class Session:
-    def __init__(self, client_id: str, limits: OutboundLimits, counters: Counters) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        limits: OutboundLimits,
+        counters: Counters,
+        *,
+        durable: bool = False,
+        seq: int = 0,
+        last_ack: int = 0,
+    ) -> None:
         self.client_id = client_id
+        self.durable = durable
+        # durable only: the connection reading this session (None while away), what it was
+        # sent, what the client acked, and what the store has committed
+        self.connection: object | None = None
+        self.last_ack = last_ack
+        self.sent_upto = last_ack
+        self.committed_upto = seq
+        self.deferred = 0
+        self._committed = trio.Event()
         self.limits = limits
         self.counters = counters
         self.subs: dict[int, SubRef] = {}
         self.refs: dict[tuple[str, str], SubRef] = {}
         self._next_sub_id = 1
-        self.seq = 0
+        self.seq = seq
         self.dropped = 0
         self._drops_in_a_row = 0
         # Entries: encoded control frames (bytes) or (message, sub id, seq) to encode.
@@ -109,8 +133,27 @@ class Session:
     # -- outbound ------------------------------------------------------------------------
 
     def deliver(self, message: Message, sub_id: int) -> bool:
-        """Queue ``message``; False (counted) when the queue is full."""
+        """Queue ``message``; False (counted) when the queue is full.
+
+        A durable session never drops: the message has a sequence number and the broker
+        stores it; if it cannot be queued now the writer fetches it from the store later.
+        """
         limits = self.limits
+        if self.durable:
+            self.seq += 1
+            if (
+                self.connection is not None
+                and self.accepting
+                and self._queued_messages < limits.messages
+                and self._queued_bytes + message.size <= limits.bytes
+            ):
+                self._outbox.append((message, sub_id, self.seq))
+                self._queued_messages += 1
+                self._queued_bytes += message.size
+            else:
+                self.deferred += 1
+            self._has_data.set()
+            return True
         if not self.accepting:
             self.dropped += 1
             self.counters.dropped += 1
@@ -150,6 +193,56 @@ class Session:
             self.failure = RemoteProtocolError(code, text)
             self.failed.set()
 
+    # -- durable sessions ----------------------------------------------------------------
+
+    def attach(self, connection: object) -> None:
+        """A connection takes this durable session: resend everything after the last ack."""
+        self.connection = connection
+        self.accepting = True
+        self.failure = None
+        self.failed = trio.Event()
+        self._outbox = deque(e for e in self._outbox if e.__class__ is bytes)
+        self._queued_messages = 0
+        self._queued_bytes = 0
+        self._control_bytes = sum(len(e) for e in self._outbox)  # type: ignore[arg-type]
+        self.sent_upto = self.last_ack
+
+    def detach(self, connection: object) -> None:
+        if self.connection is connection:
+            self.connection = None
+            self._outbox.clear()
+            self._queued_messages = 0
+            self._queued_bytes = 0
+            self._control_bytes = 0
+
+    def mark_committed(self, seq: int) -> None:
+        if seq > self.committed_upto:
+            self.committed_upto = seq
+            self._committed.set()
+
+    def needs_fill(self) -> bool:
+        """Is the next message to send missing from the queue (so it is in the store)?"""
+        if not self.durable or self.sent_upto >= self.seq:
+            return False
+        if self._outbox:
+            entry = self._outbox[0]
+            if entry.__class__ is bytes:
+                return False  # replies (WELCOME first of all) go out before anything else
+            return entry[2] > self.sent_upto + 1  # type: ignore[index]
+        return True
+
+    def fill_target(self) -> int:
+        """The last seq to fetch from the store before the queue can go on."""
+        for entry in self._outbox:
+            if entry.__class__ is not bytes:
+                return entry[2] - 1  # type: ignore[index]
+        return self.seq
+
+    async def wait_committed(self, seq: int) -> None:
+        while self.committed_upto < seq:
+            self._committed = trio.Event()
+            await self._committed.wait()
+
     def wake(self) -> None:
         """Wake the writer (to notice it should close)."""
         self._has_data.set()
@@ -186,16 +279,29 @@ class Session:
         payload_bytes = 0
         control_bytes = 0
         outbox = self._outbox
+        durable = self.durable
         while outbox and size < max_bytes:
-            entry = outbox.popleft()
+            entry = outbox[0]
             if entry.__class__ is bytes:
+                outbox.popleft()
                 data = entry
                 control_bytes += len(data)  # type: ignore[arg-type]
             else:
                 message, sub_id, seq = entry  # type: ignore[misc]
+                if durable:
+                    if seq > self.sent_upto + 1:
+                        break  # a gap: the writer fills it from the store first
+                    outbox.popleft()
+                    messages += 1
+                    payload_bytes += message.size
+                    if seq <= self.sent_upto:
+                        continue  # already sent by a fill
+                    self.sent_upto = seq
+                else:
+                    outbox.popleft()
+                    messages += 1
+                    payload_bytes += message.size
                 data = encode_msg(message, sub_id, seq)
-                messages += 1
-                payload_bytes += message.size
             parts.append(data)  # type: ignore[arg-type]
             size += len(data)
         self._queued_messages -= messages

@@ -15,6 +15,8 @@ class Counters:
     messages_out: int = 0
     messages_unrouted: int = 0
     duplicates_dropped: int = 0
+    store_errors: int = 0
+    messages_replayed: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
     bytes_sent: int = 0
@@ -33,6 +35,8 @@ class Counters:
             "messages_out": self.messages_out,
             "messages_unrouted": self.messages_unrouted,
             "duplicates_dropped": self.duplicates_dropped,
+            "store_errors": self.store_errors,
+            "messages_replayed": self.messages_replayed,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "bytes_sent": self.bytes_sent,

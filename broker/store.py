@@ -786,6 +786,23 @@ class _Op:
         return self.result
 
 
+class Pending:
+    """A queued store operation; ``await wait()`` returns its result once committed."""
+
+    __slots__ = ("_op",)
+
+    def __init__(self, op: _Op) -> None:
+        self._op = op
+
+    @property
+    def done(self) -> bool:
+        return self._op.done.is_set()
+
+    async def wait(self) -> Any:
+        await self._op.done.wait()
+        return self._op.unwrap()
+
+
 class Store:
     """Durable sessions on SQLite; see the module docstring. Create with ``Store.open``.
 
@@ -963,6 +980,21 @@ class Store:
 
     # -- submitting ----------------------------------------------------------------------------
 
+    async def _enqueue(self, work: _Work) -> Pending:
+        """Queue ``work`` (waiting only for room) and return its handle, not its outcome."""
+        if self._closing:
+            raise StoreError(f"{self._backend.path}: the store is closed")
+        op = _Op(work)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            try:
+                self._send.send_nowait(op)
+            except trio.WouldBlock:
+                await self._send.send(op)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise StoreError(f"{self._backend.path}: the store is closed") from None
+        return Pending(op)
+
     async def _submit(self, work: _Work) -> Any:
         if self._closing:
             raise StoreError(f"{self._backend.path}: the store is closed")
@@ -1054,6 +1086,36 @@ class Store:
             publisher_msg_id=publisher_msg_id,
         )
         return await self._submit(work)
+
+    async def begin_append(
+        self,
+        *,
+        msg_id: str,
+        topic: str,
+        payload: bytes,
+        headers: dict[str, str] | None,
+        deliveries: Sequence[tuple[str, int]],
+        publisher_msg_id: str | None = None,
+    ) -> Pending:
+        """``append``, returning once it is queued: the broker's reader must not wait for a
+        commit per PUB, or there would be nothing to group. ``await handle.wait()`` gives
+        ``append``'s result once committed. Operations still commit in call order."""
+        blob = None if headers is None else msgpack.packb(headers)
+        return await self._enqueue(
+            partial(
+                _SqliteBackend.append,
+                msg_id=msg_id,
+                topic=topic,
+                payload=bytes(payload),
+                headers=blob,
+                deliveries=tuple(deliveries),
+                publisher_msg_id=publisher_msg_id,
+            )
+        )
+
+    async def begin_ack(self, client_id: str, seq: int) -> Pending:
+        """``ack``, returning once queued (the broker does not wait for ack commits)."""
+        return await self._enqueue(partial(_SqliteBackend.ack, client_id=client_id, seq=seq))
 
     async def ack(self, client_id: str, seq: int) -> int:
         """Cumulative ack: delete deliveries with seq <= ``seq``; how many were removed.

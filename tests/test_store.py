@@ -776,3 +776,21 @@ def test_bench_store_runs_at_a_tiny_size(tmp_path: Path) -> None:
     assert all(r["per_second"] > 0 for r in rows.values())
     assert rows[("replay", None)]["operations"] == 300
     assert {g["status"] for g in report["goals"]} <= {"PASS", "FAIL"}
+
+
+async def test_begin_append_queues_without_waiting_and_commits_in_call_order(tmp_path) -> None:
+    from broker.store import Store
+
+    async with Store.open(tmp_path) as store:
+        await store.create_session("s", None)
+        handles = [
+            await store.begin_append(
+                msg_id=f"m{i}", topic="t", payload=b"x", headers=None, deliveries=[("s", i)]
+            )
+            for i in range(1, 51)
+        ]
+        ack = await store.begin_ack("s", 10)
+        assert all(h.done is False for h in handles[-1:])  # nothing waited for a commit
+        assert [await h.wait() for h in handles] == [True] * 50
+        assert await ack.wait() == 10
+        assert [m.seq for m in await store.pending("s", 0, 100)] == list(range(11, 51))

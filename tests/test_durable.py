@@ -1,0 +1,161 @@
+"""Durable sessions: the broker keeps a client's subscriptions and unacked messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from broker.client import BrokerError, connect
+from broker.frames import PROTOCOL_VERSION
+from tests.conftest import running_broker
+from tests.wire import RawClient, frame
+
+
+async def take(sub, count: int, seconds: float = 10.0) -> list:
+    got = []
+    with trio.fail_after(seconds):
+        while len(got) < count:
+            got.append(await sub.get())
+    return got
+
+
+async def quiet(sub, seconds: float = 0.3) -> bool:
+    with trio.move_on_after(seconds):
+        await sub.get()
+        return False
+    return True
+
+
+async def publish(address, topic: str, payloads: list[str]) -> None:
+    async with connect(address) as p:
+        for payload in payloads:
+            await p.publish(topic, payload, confirm=True)
+
+
+async def test_durable_subscriber_gets_exactly_what_it_missed_in_order(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="svc-a", durable=True) as c:
+            assert c.session_present is False
+            async with c.subscribe("orders/>") as sub:
+                await publish(address, "orders/1", ["a", "b"])
+                got = await take(sub, 2)
+                await c.ack(got[-1].seq)
+                await c.ping()
+        async with connect(address) as transient, transient.subscribe("orders/>") as tsub:
+            await publish(address, "orders/2", ["c", "d", "e"])
+            assert [m.payload for m in await take(tsub, 3)] == [b"c", b"d", b"e"]
+        async with connect(address, client_id="svc-a", durable=True) as c:
+            assert c.session_present is True
+            async with c.subscribe("orders/>") as sub:
+                missed = await take(sub, 3)
+                assert [m.payload for m in missed] == [b"c", b"d", b"e"]
+                assert [m.seq for m in missed] == [3, 4, 5]
+                assert await quiet(sub)
+        async with connect(address) as transient, transient.subscribe("orders/>") as tsub:
+            assert await quiet(tsub)  # a transient subscriber gets nothing from before
+
+
+async def test_nothing_acked_is_sent_again(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="svc-b", durable=True) as c:
+            async with c.subscribe("x/#", dialect="mqtt") as sub:
+                await publish(address, "x/y", [str(i) for i in range(5)])
+                got = await take(sub, 5)
+                await c.ack(got[2].seq)  # 0, 1, 2 done; 3 and 4 seen but not acked
+                await c.ping()
+        async with connect(address, client_id="svc-b", durable=True) as c:
+            async with c.subscribe("x/#", dialect="mqtt") as sub:
+                again = await take(sub, 2)
+                assert [m.payload for m in again] == [b"3", b"4"]
+                assert [m.id for m in again] == [m.id for m in got[3:]]  # same message ids
+                assert await quiet(sub)
+
+
+async def test_sessions_and_their_messages_survive_a_broker_restart(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="svc-c", durable=True) as c:
+            async with c.subscribe("keep/>"):
+                await c.ping()
+        await publish(address, "keep/1", ["while away 1", "while away 2"])
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        await publish(address, "keep/2", ["after restart"])
+        async with connect(address, client_id="svc-c", durable=True) as c:
+            assert c.session_present is True
+            async with c.subscribe("keep/>") as sub:
+                got = await take(sub, 3)
+                expected = [b"while away 1", b"while away 2", b"after restart"]
+                assert [m.payload for m in got] == expected
+                assert [m.seq for m in got] == [1, 2, 3]
+            stats = await c.stats()
+            assert stats["durable_sessions"] == 1
+
+
+async def test_newer_connection_takes_over_a_durable_session(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="svc-d", durable=True) as old:
+            async with old.subscribe("t/>") as old_sub:
+                async with connect(address, client_id="svc-d", durable=True) as new:
+                    assert new.session_present is True
+                    with trio.fail_after(5), pytest.raises(BrokerError) as info:
+                        await old_sub.get()
+                    assert info.value.code == "SESSION_TAKEN"
+                    async with new.subscribe("t/>") as sub:
+                        await publish(address, "t/1", ["for the new one"])
+                        (message,) = await take(sub, 1)
+                        assert message.payload == b"for the new one"
+
+
+async def test_a_slow_durable_reader_loses_nothing(tmp_path: Path) -> None:
+    limits = {"outbound_messages": 5, "outbound_bytes": 1 << 20}
+    async with running_broker(data_dir=str(tmp_path), **limits) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="svc-e", durable=True) as c:
+            async with c.subscribe("slow/>", buffer=1) as sub:
+                async with connect(address) as p:
+                    for i in range(300):
+                        await p.publish("slow/x", str(i), confirm=(i % 50 == 49))
+                got = await take(sub, 300, seconds=20)
+                assert [int(m.payload) for m in got] == list(range(300))
+                stats = await c.stats()
+        assert stats["dropped"] == 0
+        assert stats["messages_replayed"] > 0  # the queue overflowed; the store filled in
+
+
+@pytest.mark.parametrize(
+    ("hello", "code"),
+    [
+        ({"client_id": "", "durable": True}, "INVALID_CLIENT_ID"),
+        ({"client_id": "x" * 257, "durable": True}, "INVALID_CLIENT_ID"),
+        ({"durable": True}, "INVALID_CLIENT_ID"),
+        ({"client_id": "g", "group": "workers"}, "UNSUPPORTED"),
+    ],
+)
+async def test_bad_durable_hellos_are_refused(tmp_path: Path, hello: dict, code: str) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        raw = await RawClient.open(server.addresses[0], hello=False)
+        await raw.send(frame({"type": "HELLO", "version": PROTOCOL_VERSION, **hello}))
+        with trio.fail_after(5):
+            error = await raw.read_until("ERROR")
+        assert error["code"] == code
+
+
+async def test_ack_of_a_sequence_never_delivered_is_refused(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        raw = await RawClient.open(server.addresses[0], hello=False)
+        await raw.send(
+            frame({"type": "HELLO", "version": PROTOCOL_VERSION, "client_id": "z", "durable": True})
+        )
+        assert (await raw.read_frame())["type"] == "WELCOME"
+        await raw.send(frame({"type": "ACK", "seq": 1}))
+        with trio.fail_after(5):
+            error = await raw.read_until("ERROR")
+        assert error["code"] == "INVALID_ACK"
+        await raw.send(frame({"type": "PING", "id": 1}))
+        assert (await raw.read_until("PONG"))["id"] == 1  # request-level: still open
