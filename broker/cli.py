@@ -105,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         help="stop after this many seconds (an error if --count was not reached)",
     )
+    sub.add_argument("--client-id", help="this subscriber's id (required with --durable)")
+    sub.add_argument(
+        "--durable",
+        action="store_true",
+        help="use a durable session: the broker keeps what arrives while this id is away",
+    )
+    sub.add_argument(
+        "--ack",
+        choices=["auto", "manual"],
+        default="auto",
+        help="durable sessions: ack each message once printed (auto), or never (manual: "
+        "messages stay pending and come again next time)",
+    )
     sub.add_argument("filters", nargs="+", metavar="FILTER")
 
     stats = commands.add_parser("stats", help="print the broker's counters as JSON")
@@ -125,6 +138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sub":
             for text in args.filters:
                 _check_filter(text, args.dialect)
+            if args.durable and not args.client_id:
+                raise UsageError("--durable needs --client-id")
+            if args.durable and args.ack == "auto" and len(args.filters) > 1:
+                # Acks are cumulative by sequence number; with two filters their messages
+                # could be printed out of sequence order and an ack would cover one unprinted.
+                raise UsageError("--durable with --ack auto takes one FILTER")
+            if args.client_id is not None and not 0 < len(args.client_id.encode()) <= 256:
+                raise UsageError("--client-id must be 1..256 bytes")
             return trio.run(_sub, args)
         if args.command == "stats":
             return trio.run(_stats, args)
@@ -266,7 +287,10 @@ async def _sub(args: argparse.Namespace) -> int:
     out = sys.stdout
     deadline = trio.current_time() + args.timeout if args.timeout else float("inf")
     with trio.move_on_at(deadline) as waiting:
-        async with connect(args.server) as client, AsyncExitStack() as stack:
+        async with (
+            connect(args.server, client_id=args.client_id, durable=args.durable) as client,
+            AsyncExitStack() as stack,
+        ):
             subs = [
                 await stack.enter_async_context(client.subscribe(text, args.dialect))
                 for text in args.filters
@@ -286,6 +310,8 @@ async def _sub(args: argparse.Namespace) -> int:
                         seen.clear()
                     print(_render(message), file=out, flush=True)
                     received += 1
+                    if args.durable and args.ack == "auto":
+                        await client.ack(message.seq)
                     if args.count is not None and received >= args.count:
                         nursery.cancel_scope.cancel()
                         break

@@ -167,3 +167,33 @@ def test_serve_stops_cleanly_on_sigint(broker: str) -> None:
     wait_listening(port, proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=10) == 0
+
+
+def test_durable_sub_gets_what_was_published_while_it_was_away(tmp_path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TOPIARY, "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    server = f"127.0.0.1:{port}"
+    try:
+        wait_listening(port, proc)
+        durable = ["--client-id", "cli-1", "--durable", "--count", "1", "--timeout", "10"]
+        first = start_sub(*durable, "away/>", server=server)
+        assert run("pub", "--confirm", "away/1", "seen", server=server).returncode == 0
+        out, _ = first.communicate(timeout=15)
+        assert json.loads(out)["payload"] == "seen"
+        assert run("pub", "--confirm", "away/2", "missed", server=server).returncode == 0
+        second = run(*["sub", *durable, "away/>"], server=server)
+        assert second.returncode == 0, second.stderr
+        assert json.loads(second.stdout)["payload"] == "missed"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+
+
+def test_durable_sub_needs_a_client_id() -> None:
+    result = run("sub", "--durable", "a")
+    assert result.returncode == 2
+    assert "--client-id" in result.stderr
