@@ -22,6 +22,11 @@ key, never a traceback and never a silently ignored typo.
     match_cache = 16384            # topics whose match results are cached (0: off)
     dedup_window = 100000          # recent publisher msg_ids remembered to drop repeats (0: off)
 
+    [sessions]                     # durable sessions (need data_dir)
+    max_messages = 1000000         # pending (unacked) messages per session
+    max_bytes = 1073741824         # pending payload bytes per session
+    overflow = "drop-oldest"       # or "reject-publish"
+
     [auth]
     token = "secret"               # HELLO credentials {"token": ...} must match
 """
@@ -58,6 +63,9 @@ class BrokerConfig:
     hello_timeout: float = 10.0
     match_cache: int = 16_384
     dedup_window: int = 100_000
+    session_max_messages: int = 1_000_000
+    session_max_bytes: int = 1 << 30
+    overflow: str = "drop-oldest"
     auth_token: str | None = None
 
     def __post_init__(self) -> None:
@@ -88,6 +96,11 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "match_cache": "match_cache",
         "dedup_window": "dedup_window",
     },
+    "sessions": {
+        "max_messages": "session_max_messages",
+        "max_bytes": "session_max_bytes",
+        "overflow": "overflow",
+    },
     "auth": {"token": "auth_token"},
 }
 
@@ -107,6 +120,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "hello_timeout": (int, float),
     "match_cache": (int,),
     "dedup_window": (int,),
+    "session_max_messages": (int,),
+    "session_max_bytes": (int,),
+    "overflow": (str,),
     "auth_token": (str, type(None)),
 }
 
@@ -131,6 +147,13 @@ def _check(cfg: BrokerConfig) -> None:
     for name in ("keepalive", "shutdown_timeout", "hello_timeout"):
         if not 0 < getattr(cfg, name) <= 86400:
             raise ConfigError(f"{name} must be in (0, 86400] seconds, got {getattr(cfg, name)}")
+    if cfg.overflow not in ("drop-oldest", "reject-publish"):
+        raise ConfigError(
+            f"overflow must be 'drop-oldest' or 'reject-publish', got {cfg.overflow!r}"
+        )
+    for name in ("session_max_messages", "session_max_bytes"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     if cfg.dedup_window < 0:
         raise ConfigError(f"dedup_window must be >= 0 (0 turns it off), got {cfg.dedup_window}")
     if cfg.match_cache < 0:

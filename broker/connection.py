@@ -50,6 +50,8 @@ from broker.store import Pending, StoreError
 if TYPE_CHECKING:
     from broker.core import Broker, DurableWork
 
+from broker.core import QuotaExceeded
+
 RECEIVE_SIZE = 256 * 1024
 ERROR_FLUSH_SECONDS = 1.0
 LINGER_SECONDS = 0.5
@@ -349,7 +351,13 @@ class ClientConnection:
                     ),
                 )
                 return None
-            work = broker.publish(frame.topic, frame.payload, frame.headers, frame.msg_id)
+            try:
+                work = broker.publish(frame.topic, frame.payload, frame.headers, frame.msg_id)
+            except QuotaExceeded as exc:
+                self._refuse_request(
+                    session, RemoteProtocolError(ErrorCode.QUOTA_EXCEEDED, str(exc), ref=frame.id)
+                )
+                return None
             if work is not None:
                 self._later.append((self._persist, (work, frame.id)))
             elif frame.id is not None:
@@ -402,6 +410,7 @@ class ClientConnection:
                 )
             elif session.durable and frame.seq > session.last_ack:
                 session.last_ack = frame.seq
+                session.release_through(frame.seq)
                 self._later.append((self._store_ack, (session, frame.seq)))
         elif cls is Stats:
             assert isinstance(frame, Stats)

@@ -63,6 +63,9 @@ class RecentIds:
             del ids[next(iter(ids))]
         return False
 
+    def forget(self, msg_id: str) -> None:
+        self._ids.pop(msg_id, None)
+
     def __len__(self) -> int:
         return len(self._ids)
 
@@ -74,6 +77,11 @@ class DurableWork:
     message: Message
     deliveries: list[tuple[Session, int]]
     publisher_msg_id: str | None
+    trims: list[tuple[Session, int]] | None = None  # drop-oldest: (session, through seq)
+
+
+class QuotaExceeded(Exception):
+    """A durable session that wants the message is full and its policy is reject-publish."""
 
 
 class Broker:
@@ -120,6 +128,8 @@ class Broker:
         records = await self.store.sessions()
         for record in records:
             session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
+            if record.pending:
+                session.track(record.next_seq - 1, record.pending_bytes, record.pending)
             for text, dialect in record.filters:
                 self.subscribe(session, routing.parse_filter(text, dialect))
         return len(records)
@@ -154,6 +164,8 @@ class Broker:
             publisher_msg_id=work.publisher_msg_id,
         )
         self._commits_send.send_nowait((pending, work.deliveries))
+        for session, through in work.trims or ():
+            await self.store.begin_trim_through(session.client_id, through)
         return pending
 
     async def watch_commits(self) -> None:
@@ -224,26 +236,50 @@ class Broker:
         if not targets:
             counters.messages_unrouted += 1
             return None
+        sessions: dict[int, tuple[Session, int]] = {}
+        for ref in targets:
+            session = ref.session
+            if id(session) not in sessions:
+                sessions[id(session)] = (session, ref.sub_ids[0])
+        config = self.config
+        size = len(payload)
+        if config.overflow == "reject-publish":
+            for session, _sub_id in sessions.values():
+                if session.durable and session.would_overflow(
+                    size, config.session_max_messages, config.session_max_bytes
+                ):
+                    counters.quota_rejected += 1
+                    if msg_id is not None:
+                        self._recent_ids.forget(msg_id)  # a retry must not count as a repeat
+                    raise QuotaExceeded(
+                        f"durable session {session.client_id!r} is full "
+                        f"({session.backlog_messages} messages, {session.backlog_bytes} bytes "
+                        "pending)"
+                    )
         message = Message(topic, payload, headers, msg_id or self.next_msg_id())
         delivered = 0
         durable: list[tuple[Session, int]] | None = None
-        seen: set[int] = set()
-        for ref in targets:
-            session = ref.session
-            key = id(session)
-            if key in seen:
-                continue
-            seen.add(key)
-            delivered += session.deliver(message, ref.sub_ids[0])
+        trims: list[tuple[Session, int]] | None = None
+        for session, sub_id in sessions.values():
+            delivered += session.deliver(message, sub_id)
             if session.durable:
                 if durable is None:
                     durable = []
                 durable.append((session, session.seq))
+                session.track(session.seq, size)
+                through, dropped = session.trim_to(
+                    config.session_max_messages, config.session_max_bytes
+                )
+                if dropped:
+                    counters.quota_dropped += dropped
+                    if trims is None:
+                        trims = []
+                    trims.append((session, through))
         counters.messages_out += delivered
         counters.bytes_out += delivered * message.size
         if durable is None or self.store is None:
             return None
-        return DurableWork(message, durable, msg_id)
+        return DurableWork(message, durable, msg_id, trims)
 
     # -- operators -----------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ class ErrorCode(StrEnum):
     SESSION_TAKEN = "SESSION_TAKEN"
     UNSUPPORTED = "UNSUPPORTED"
     INVALID_CLIENT_ID = "INVALID_CLIENT_ID"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     INTERNAL = "INTERNAL"
 
     @property
@@ -89,6 +90,7 @@ CLOSES_CONNECTION: Mapping[ErrorCode, bool] = MappingProxyType(
         _C.SESSION_TAKEN: True,
         _C.UNSUPPORTED: True,
         _C.INVALID_CLIENT_ID: True,
+        _C.QUOTA_EXCEEDED: False,
         _C.INTERNAL: True,
     }
 )
@@ -137,6 +139,10 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
         _C.INVALID_CLIENT_ID: (
             "HELLO's client_id is empty or over 256 bytes, or missing where a durable session "
             "needs one."
+        ),
+        _C.QUOTA_EXCEEDED: (
+            "A durable session that wants this PUB is full and its overflow policy is "
+            "reject-publish; nothing was delivered or stored; `ref` is the PUB id."
         ),
         _C.INTERNAL: (
             "A bug or unexpected failure on the sender's side (for a PUB: it could not be "

@@ -84,6 +84,12 @@ class Session:
         self.committed_upto = seq
         self.deferred = 0
         self._committed = trio.Event()
+        # durable only: pending (unacked, not trimmed) messages as (last seq, bytes, count);
+        # one entry per message, except one entry for a backlog restored from the store
+        self.backlog: deque[tuple[int, int, int]] = deque()
+        self.backlog_messages = 0
+        self.backlog_bytes = 0
+        self.quota_dropped = 0
         self.limits = limits
         self.counters = counters
         self.subs: dict[int, SubRef] = {}
@@ -214,6 +220,37 @@ class Session:
             self._queued_messages = 0
             self._queued_bytes = 0
             self._control_bytes = 0
+
+    def track(self, seq: int, size: int, count: int = 1) -> None:
+        self.backlog.append((seq, size, count))
+        self.backlog_messages += count
+        self.backlog_bytes += size
+
+    def release_through(self, seq: int) -> None:
+        """Messages up to ``seq`` were acked or trimmed: they no longer count."""
+        backlog = self.backlog
+        while backlog and backlog[0][0] <= seq:
+            _seq, size, count = backlog.popleft()
+            self.backlog_messages -= count
+            self.backlog_bytes -= size
+
+    def would_overflow(self, size: int, max_messages: int, max_bytes: int) -> bool:
+        return (
+            self.backlog_messages + 1 > max_messages or self.backlog_bytes + size > max_bytes
+        )
+
+    def trim_to(self, max_messages: int, max_bytes: int) -> tuple[int, int]:
+        """Drop the oldest until within quota: (last seq dropped, how many), or (0, 0)."""
+        through = dropped = 0
+        while self.backlog and (
+            self.backlog_messages > max_messages or self.backlog_bytes > max_bytes
+        ):
+            seq, size, count = self.backlog.popleft()
+            self.backlog_messages -= count
+            self.backlog_bytes -= size
+            through, dropped = seq, dropped + count
+        self.quota_dropped += dropped
+        return through, dropped
 
     def mark_committed(self, seq: int) -> None:
         if seq > self.committed_upto:

@@ -17,6 +17,8 @@ class Counters:
     duplicates_dropped: int = 0
     store_errors: int = 0
     messages_replayed: int = 0
+    quota_dropped: int = 0
+    quota_rejected: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
     bytes_sent: int = 0
@@ -37,6 +39,8 @@ class Counters:
             "duplicates_dropped": self.duplicates_dropped,
             "store_errors": self.store_errors,
             "messages_replayed": self.messages_replayed,
+            "quota_dropped": self.quota_dropped,
+            "quota_rejected": self.quota_rejected,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "bytes_sent": self.bytes_sent,

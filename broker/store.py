@@ -653,6 +653,10 @@ class _SqliteBackend:
             return 0
         return self._remove_deliveries(client_id, " AND seq <= ?", (newest_dropped,))
 
+    def trim_through(self, client_id: str, seq: int) -> int:
+        self._session_row(client_id, "trim")
+        return self._remove_deliveries(client_id, " AND seq <= ?", (seq,))
+
     def sweep(self) -> int:
         """Delete unreferenced messages older than ``retention_seconds``; how many."""
         cur = self.conn.execute(
@@ -1137,6 +1141,13 @@ class Store:
         """Up to ``limit`` pending deliveries with seq > ``after_seq``, in seq order."""
         return await self._read(
             partial(_SqliteBackend.pending, client_id=client_id, after_seq=after_seq, limit=limit)
+        )
+
+    async def begin_trim_through(self, client_id: str, seq: int) -> Pending:
+        """Drop every pending delivery up to ``seq`` (a quota's drop-oldest), once queued;
+        ``last_ack`` does not move."""
+        return await self._enqueue(
+            partial(_SqliteBackend.trim_through, client_id=client_id, seq=seq)
         )
 
     async def trim(self, client_id: str, keep_messages: int) -> int:

@@ -159,3 +159,61 @@ async def test_ack_of_a_sequence_never_delivered_is_refused(tmp_path: Path) -> N
         assert error["code"] == "INVALID_ACK"
         await raw.send(frame({"type": "PING", "id": 1}))
         assert (await raw.read_until("PONG"))["id"] == 1  # request-level: still open
+
+
+async def test_drop_oldest_keeps_the_newest_within_quota(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path), session_max_messages=5) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="q1", durable=True) as c:
+            async with c.subscribe("q/>"):
+                await c.ping()
+        await publish(address, "q/1", [str(i) for i in range(12)])
+        async with connect(address, client_id="q1", durable=True) as c:
+            async with c.subscribe("q/>") as sub:
+                got = await take(sub, 5)
+                assert [m.payload for m in got] == [str(i).encode() for i in range(7, 12)]
+                assert await quiet(sub)
+            stats = await c.stats()
+    assert stats["quota_dropped"] == 7
+
+
+async def test_byte_quota_counts_payload_bytes(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path), session_max_bytes=1000) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="q2", durable=True) as c:
+            async with c.subscribe("b/>"):
+                await c.ping()
+        await publish(address, "b/1", [f"{i}" * 400 for i in range(4)])
+        async with connect(address, client_id="q2", durable=True) as c:
+            async with c.subscribe("b/>") as sub:
+                got = await take(sub, 2)
+                assert [m.payload[:1] for m in got] == [b"2", b"3"]
+                assert await quiet(sub)
+
+
+async def test_reject_publish_refuses_the_publisher_until_the_session_catches_up(
+    tmp_path: Path,
+) -> None:
+    settings = {"session_max_messages": 3, "overflow": "reject-publish"}
+    async with running_broker(data_dir=str(tmp_path), **settings) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="q3", durable=True) as c:
+            async with c.subscribe("j/>"):
+                await c.ping()
+        async with connect(address) as watcher, watcher.subscribe("j/>") as live:
+            await publish(address, "j/1", ["a", "b", "c"])
+            async with connect(address) as p:
+                with pytest.raises(BrokerError) as info:
+                    await p.publish("j/1", "d", confirm=True, msg_id="d-1")
+                assert info.value.code == "QUOTA_EXCEEDED"
+                assert [m.payload for m in await take(live, 3)] == [b"a", b"b", b"c"]
+                assert await quiet(live)  # refused for everyone, not only the full session
+                async with connect(address, client_id="q3", durable=True) as c:
+                    async with c.subscribe("j/>") as sub:
+                        got = await take(sub, 3)
+                        await c.ack(got[-1].seq)
+                        await c.ping()
+                await p.publish("j/1", "d", confirm=True, msg_id="d-1")  # the retry goes in
+                assert [m.payload for m in await take(live, 1)] == [b"d"]
+                stats = await p.stats()
+    assert stats["quota_rejected"] == 1
