@@ -410,6 +410,7 @@ def test_every_error_code_states_whether_it_closes_the_connection() -> None:
         ErrorCode.UNKNOWN_SUBSCRIPTION,
         ErrorCode.PAYLOAD_TOO_LARGE,
         ErrorCode.INVALID_ACK,
+        ErrorCode.QUOTA_EXCEEDED,
     }
     for code in ErrorCode:
         assert code.closes_connection is (code not in request_level), code
