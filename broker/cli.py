@@ -122,6 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = commands.add_parser("stats", help="print the broker's counters as JSON")
     stats.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+
+    sessions = commands.add_parser("sessions", help="print the durable sessions as JSON")
+    sessions.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+
+    session = commands.add_parser("session", help="manage one durable session")
+    actions = session.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    drop = actions.add_parser("drop", help="delete a durable session and its stored messages")
+    drop.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    drop.add_argument("client_id", metavar="ID")
     return parser
 
 
@@ -149,6 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_sub, args)
         if args.command == "stats":
             return trio.run(_stats, args)
+        if args.command == "sessions":
+            return trio.run(_sessions, args)
+        if args.command == "session":
+            prog = "topiary session drop"
+            return trio.run(_session_drop, args)
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -338,6 +352,29 @@ async def _stats(args: argparse.Namespace) -> int:
     async with connect(args.server) as client:
         stats = await client.stats()
     print(json.dumps(stats, indent=2, sort_keys=True))
+    return 0
+
+
+async def _sessions(args: argparse.Namespace) -> int:
+    from broker.client import connect
+
+    _quiet_logs()
+    async with connect(args.server) as client:
+        sessions = await client.sessions()
+    print(json.dumps(sessions, indent=2))
+    return 0
+
+
+async def _session_drop(args: argparse.Namespace) -> int:
+    from broker.client import connect
+
+    _quiet_logs()
+    async with connect(args.server) as client:
+        dropped = await client.drop_session(args.client_id)
+    if not dropped:
+        print(f"topiary session drop: no durable session {args.client_id!r}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(json.dumps({"dropped": args.client_id}))
     return 0
 
 

@@ -45,6 +45,7 @@ from broker.frames import (
     MAX_MSG_ID_BYTES,
     PROTOCOL_VERSION,
     Ack,
+    DropSession,
     Error,
     Frame,
     Hello,
@@ -53,6 +54,9 @@ from broker.frames import (
     Pong,
     Pub,
     PubAck,
+    SessionDropped,
+    Sessions,
+    SessionsReply,
     Stats,
     StatsReply,
     Sub,
@@ -370,7 +374,9 @@ class Client:
                     return error
             elif isinstance(event, Ping):
                 self._write(Pong(id=event.id))
-            elif isinstance(event, SubAck | UnsubAck | PubAck | StatsReply):
+            elif isinstance(
+                event, SubAck | UnsubAck | PubAck | StatsReply | SessionsReply | SessionDropped
+            ):
                 waiter = self._waiters.pop(event.id, None)
                 renewed = self._renewals.pop(event.id, None)
                 if renewed is not None and isinstance(event, SubAck):
@@ -509,6 +515,25 @@ class Client:
         self._write(Ack(seq=seq))
         await trio.lowlevel.checkpoint_if_cancelled()
 
+    async def sessions(self) -> list[dict[str, Any]]:
+        """The broker's durable sessions, as operators see them."""
+        reply = await self._request(lambda rid: Sessions(id=rid))
+        assert isinstance(reply, SessionsReply)
+        return reply.sessions
+
+    async def drop_session(self, client_id: str) -> bool:
+        """Delete a durable session and its stored messages; False if there was none."""
+        reply = await self._request(lambda rid: DropSession(id=rid, client_id=client_id))
+        assert isinstance(reply, SessionDropped)
+        if client_id == self.client_id:
+            self.durable = False
+        return reply.dropped
+
+    async def end_session(self) -> bool:
+        """End this client's durable session; the connection carries on as a transient one."""
+        assert self.client_id is not None
+        return await self.drop_session(self.client_id)
+
     async def stats(self) -> dict[str, Any]:
         reply = await self._request(lambda rid: Stats(id=rid))
         assert isinstance(reply, StatsReply)
@@ -530,16 +555,22 @@ class Client:
         """Subscribe; the broker has confirmed it when the block starts."""
         routing.parse_filter(filter, dialect)  # a bad filter fails here, with its reason
         sub = Subscription(self, filter, dialect, buffer)
-        reply = await self._request(
-            lambda rid: Sub(id=rid, filter=filter, dialect=dialect, sync=sync)
-        )
+        if self._unclaimed:
+            await self._claim(sub)
+        # Registered before the SUB goes out, so that a resumed durable session's backlog,
+        # which follows the SUBACK, lands here (and waits for room) rather than elsewhere.
+        self._local.add(filter, sub, dialect)
+        try:
+            reply = await self._request(
+                lambda rid: Sub(id=rid, filter=filter, dialect=dialect, sync=sync)
+            )
+        except BaseException:
+            self._local.remove(filter, sub, dialect)
+            raise
         assert isinstance(reply, SubAck)
         sub.sub_id = reply.sub
         self._subs[reply.sub] = sub
         self._active.append(sub)
-        if self._unclaimed:
-            await self._claim(sub)
-        self._local.add(filter, sub, dialect)  # no checkpoint since the last claim: in order
         try:
             yield sub
         finally:

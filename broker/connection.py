@@ -17,6 +17,7 @@ else is a bug and propagates.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -28,12 +29,16 @@ from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.frames import (
     PROTOCOL_VERSION,
     Ack,
+    DropSession,
     Error,
     Frame,
     Hello,
     Ping,
     Pong,
     Pub,
+    SessionDropped,
+    Sessions,
+    SessionsReply,
     Stats,
     StatsReply,
     Sub,
@@ -116,13 +121,10 @@ class ClientConnection:
         else:
             self.broker.close_session(session)
 
-    def take_over(self) -> None:
-        """Another connection claims our durable session: the newer one wins."""
-        self._stop(
-            RemoteProtocolError(
-                ErrorCode.SESSION_TAKEN, "another connection took over this durable session"
-            )
-        )
+    def take_over(self, why: str = "another connection took over this durable session") -> None:
+        """Another connection claims our durable session (the newer one wins), or an
+        operator dropped it."""
+        self._stop(RemoteProtocolError(ErrorCode.SESSION_TAKEN, why))
 
     def begin_shutdown(self) -> None:
         """Stop reading; queued messages are flushed, then ERROR SHUTTING_DOWN."""
@@ -327,6 +329,9 @@ class ClientConnection:
                     return problem
                 if self._later:
                     await self._run_later()
+                if not session.ready:  # its first request is answered: the backlog may come
+                    session.ready = True
+                    session.wake()
             await session.wait_control_drained()
             proto.receive_data(await self._receive())
 
@@ -412,6 +417,14 @@ class ClientConnection:
                 session.last_ack = frame.seq
                 session.release_through(frame.seq)
                 self._later.append((self._store_ack, (session, frame.seq)))
+        elif cls is Sessions:
+            assert isinstance(frame, Sessions)
+            session.send_control(
+                send(SessionsReply(id=frame.id, sessions=broker.sessions_info()))
+            )
+        elif cls is DropSession:
+            assert isinstance(frame, DropSession)
+            self._later.append((self._drop_session, (session, frame)))
         elif cls is Stats:
             assert isinstance(frame, Stats)
             session.send_control(send(StatsReply(id=frame.id, stats=broker.stats())))
@@ -491,17 +504,24 @@ class ClientConnection:
                 self._confirm_ready = trio.Event()
                 await self._confirm_ready.wait()
                 continue
-            pending, request_id = confirms[0]
-            reply = encode_puback(request_id)
-            if pending is not None:
-                try:
-                    await pending.wait()
-                except StoreError as exc:
-                    reply = self.proto.send(
-                        Error(code=ErrorCode.INTERNAL, text=f"not stored: {exc}", ref=request_id)
-                    )
-            confirms.popleft()
-            session.send_control(reply)
+            pending = confirms[0][0]
+            if pending is not None and not pending.done:
+                with contextlib.suppress(StoreError):
+                    await pending.wait()  # the outcome is read below
+            # One commit resolves a whole batch: answer every confirm that is ready now, in
+            # one go, instead of one per scheduler round.
+            while confirms and (confirms[0][0] is None or confirms[0][0].done):
+                pending, request_id = confirms.popleft()
+                reply = encode_puback(request_id)
+                if pending is not None:
+                    try:
+                        pending.result()
+                    except StoreError as exc:
+                        error = Error(
+                            code=ErrorCode.INTERNAL, text=f"not stored: {exc}", ref=request_id
+                        )
+                        reply = self.proto.send(error)
+                session.send_control(reply)
 
     async def _store_filter(
         self, session: Session, flt: routing.Filter, add: bool, reply: bytes
@@ -513,6 +533,10 @@ class ClientConnection:
         else:
             await store.remove_filter(session.client_id, flt.text, flt.dialect)
         session.send_control(reply)
+
+    async def _drop_session(self, session: Session, frame: DropSession) -> None:
+        dropped = await self.broker.drop_session(frame.client_id, requester=session)
+        session.send_control(self.proto.send(SessionDropped(id=frame.id, dropped=dropped)))
 
     async def _store_ack(self, session: Session, seq: int) -> None:
         store = self.broker.store

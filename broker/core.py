@@ -8,6 +8,7 @@ the listener loop (broker/server.py) are the trio shell around it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -170,17 +171,68 @@ class Broker:
 
     async def watch_commits(self) -> None:
         """Mark each durable delivery committed, in commit order (one task per broker)."""
-        async for pending, deliveries in self._commits_receive:
-            try:
+        receive = self._commits_receive
+        async for pending, deliveries in receive:
+            with contextlib.suppress(StoreError):
                 await pending.wait()
-            except StoreError as exc:
-                self.counters.store_errors += 1
-                log.error("store append failed", error=str(exc))
-            for session, seq in deliveries:
-                session.mark_committed(seq)
+            batch = [(pending, deliveries)]
+            while True:  # everything the same commit settled, without a round each
+                try:
+                    item = receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                batch.append(item)
+                if not item[0].done:
+                    break
+            for pending, deliveries in batch:
+                if not pending.done:
+                    with contextlib.suppress(StoreError):
+                        await pending.wait()
+                try:
+                    pending.result()
+                except StoreError as exc:
+                    self.counters.store_errors += 1
+                    log.error("store append failed", error=str(exc))
+                for session, seq in deliveries:
+                    session.mark_committed(seq)
 
     def stop_watching_commits(self) -> None:
         self._commits_send.close()
+
+    def sessions_info(self) -> list[dict[str, Any]]:
+        """What an operator sees of each durable session (``topiary sessions``)."""
+        return [
+            {
+                "client_id": session.client_id,
+                "filters": sorted([ref.filter, ref.dialect] for ref in session.refs.values()),
+                "connected": session.connection is not None,
+                "last_ack": session.last_ack,
+                "last_seq": session.seq,
+                "pending": session.backlog_messages,
+                "pending_bytes": session.backlog_bytes,
+                "quota_dropped": session.quota_dropped,
+            }
+            for session in sorted(self.durable.values(), key=lambda s: s.client_id)
+        ]
+
+    async def drop_session(self, client_id: str, requester: Session | None = None) -> bool:
+        """Delete a durable session and what is stored for it.
+
+        A connection holding it is closed with SESSION_TAKEN, unless it is the requester's
+        own: that one carries on as a transient session (its subscriptions stay live).
+        """
+        if self.store is None:
+            return False
+        session = self.durable.pop(client_id, None)
+        if session is not None:
+            session.durable = False
+            if session is not requester:
+                holder = session.connection
+                if holder is not None:
+                    holder.take_over("the session was dropped")  # type: ignore[attr-defined]
+                self.close_session(session)
+        dropped = await self.store.drop_session(client_id)
+        return dropped or session is not None
 
     def close_session(self, session: Session) -> None:
         for ref in list(session.refs.values()):

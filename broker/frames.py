@@ -51,6 +51,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "U64_MAX",
     "Ack",
+    "DropSession",
     "Error",
     "Frame",
     "Hello",
@@ -59,6 +60,9 @@ __all__ = [
     "Pong",
     "Pub",
     "PubAck",
+    "SessionDropped",
+    "Sessions",
+    "SessionsReply",
     "Stats",
     "StatsReply",
     "Sub",
@@ -534,6 +538,60 @@ class StatsReply(Frame):
         _plain_map(self, "stats")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sessions(Frame):
+    """Client -> server: an operator asks for the durable sessions."""
+
+    TYPE: ClassVar[str] = "SESSIONS"
+    id: int
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionsReply(Frame):
+    """Server -> client: one map per durable session (plain msgpack values)."""
+
+    TYPE: ClassVar[str] = "SESSIONS_REPLY"
+    id: int
+    sessions: list[dict[str, Any]]
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+        if type(self.sessions) is not list:
+            _wrong_type(self, "sessions", "list", self.sessions, self.id)
+        if (problem := _plain_problem(self.sessions, 0)) is not None:
+            _fail(self, "sessions", f"holds a {problem}", self.id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DropSession(Frame):
+    """Client -> server: delete the durable session ``client_id`` and everything stored for
+    it. A client may name its own session: it then carries on as a transient one."""
+
+    TYPE: ClassVar[str] = "DROP_SESSION"
+    id: int
+    client_id: str
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+        _str(self, "client_id", self.id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionDropped(Frame):
+    """Server -> client: DROP_SESSION ``id`` done; ``dropped`` is False if there was none."""
+
+    TYPE: ClassVar[str] = "SESSION_DROPPED"
+    id: int
+    dropped: bool
+
+    def __post_init__(self) -> None:
+        _uint(self, "id")
+        _bool(self, "dropped", self.id)
+
+
 # -- the type table ----------------------------------------------------------------------
 # Adding a frame (PEER_HELLO, ...): define the class above, list it here, give it rows in
 # broker/protocol_states.py and a section in docs/protocol.md.
@@ -557,6 +615,10 @@ FRAME_TYPES: Mapping[str, type[Frame]] = {
         Error,
         Stats,
         StatsReply,
+        Sessions,
+        SessionsReply,
+        DropSession,
+        SessionDropped,
     )
 }
 

@@ -39,6 +39,7 @@ from enum import StrEnum
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.frames import (
     Ack,
+    DropSession,
     Error,
     Frame,
     Hello,
@@ -47,6 +48,9 @@ from broker.frames import (
     Pong,
     Pub,
     PubAck,
+    SessionDropped,
+    Sessions,
+    SessionsReply,
     Stats,
     StatsReply,
     Sub,
@@ -97,8 +101,10 @@ CLOSING, CLOSED, ERROR = State.CLOSING, State.CLOSED, State.ERROR
 #: Where a new connection starts.
 INITIAL_STATE: Mapping[Role, State] = {CLIENT: AWAIT_HELLO, SERVER: AWAIT_HELLO}
 
-_CLIENT_REQUESTS = (Sub, Unsub, Pub, Ack, Ping, Pong, Stats, Error)
-_SERVER_REPLIES = (SubAck, UnsubAck, PubAck, Msg, Ping, Pong, StatsReply, Error)
+_CLIENT_REQUESTS = (Sub, Unsub, Pub, Ack, Ping, Pong, Stats, Sessions, DropSession, Error)
+_SERVER_REPLIES = (
+    SubAck, UnsubAck, PubAck, Msg, Ping, Pong, StatsReply, SessionsReply, SessionDropped, Error
+)
 
 
 def _stay(state: State, *frames: type[Frame]) -> dict[type[Frame], State]:

@@ -83,6 +83,9 @@ class Session:
         self.sent_upto = last_ack
         self.committed_upto = seq
         self.deferred = 0
+        # A resumed durable session sends nothing but replies until the client's first
+        # request has been answered, so the client can subscribe before its backlog comes.
+        self.ready = True
         self._committed = trio.Event()
         # durable only: pending (unacked, not trimmed) messages as (last seq, bytes, count);
         # one entry per message, except one entry for a backlog restored from the store
@@ -212,6 +215,7 @@ class Session:
         self._queued_bytes = 0
         self._control_bytes = sum(len(e) for e in self._outbox)  # type: ignore[arg-type]
         self.sent_upto = self.last_ack
+        self.ready = False
 
     def detach(self, connection: object) -> None:
         if self.connection is connection:
@@ -259,7 +263,7 @@ class Session:
 
     def needs_fill(self) -> bool:
         """Is the next message to send missing from the queue (so it is in the store)?"""
-        if not self.durable or self.sent_upto >= self.seq:
+        if not self.durable or not self.ready or self.sent_upto >= self.seq:
             return False
         if self._outbox:
             entry = self._outbox[0]
@@ -326,7 +330,7 @@ class Session:
             else:
                 message, sub_id, seq = entry  # type: ignore[misc]
                 if durable:
-                    if seq > self.sent_upto + 1:
+                    if seq > self.sent_upto + 1 or not self.ready:
                         break  # a gap: the writer fills it from the store first
                     outbox.popleft()
                     messages += 1

@@ -806,6 +806,11 @@ class Pending:
         await self._op.done.wait()
         return self._op.unwrap()
 
+    def result(self) -> Any:
+        """The outcome of a done operation (raises its error), without a checkpoint."""
+        assert self._op.done.is_set(), "not committed yet"
+        return self._op.unwrap()
+
 
 class Store:
     """Durable sessions on SQLite; see the module docstring. Create with ``Store.open``.

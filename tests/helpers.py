@@ -15,6 +15,7 @@ from broker.frames import (
     PROTOCOL_VERSION,
     U64_MAX,
     Ack,
+    DropSession,
     Error,
     Frame,
     Hello,
@@ -23,6 +24,7 @@ from broker.frames import (
     Pong,
     Pub,
     PubAck,
+    Sessions,
     Stats,
     StatsReply,
     Sub,
@@ -219,6 +221,8 @@ CLIENT_FRAMES = st.one_of(
     st.builds(Ping, id=uints),
     st.builds(Pong, id=uints),
     st.builds(Stats, id=uints),
+    st.builds(Sessions, id=uints),
+    st.builds(DropSession, id=uints, client_id=st.text(max_size=10)),
     # Request-level codes only: a closing ERROR ends the conversation (see ERROR_FRAMES).
     st.builds(Error, code=st.sampled_from(["INVALID_ACK", "PAYLOAD_TOO_LARGE"]), text=names),
 )

@@ -197,3 +197,29 @@ def test_durable_sub_needs_a_client_id() -> None:
     result = run("sub", "--durable", "a")
     assert result.returncode == 2
     assert "--client-id" in result.stderr
+
+
+def test_sessions_and_session_drop(tmp_path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TOPIARY, "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    server = f"127.0.0.1:{port}"
+    try:
+        wait_listening(port, proc)
+        sub = run("sub", "--client-id", "op", "--durable", "--timeout", "0.3", "s/>", server=server)
+        assert sub.returncode == 0, sub.stderr
+        listed = run("sessions", server=server)
+        assert listed.returncode == 0
+        (info,) = json.loads(listed.stdout)
+        assert info["client_id"] == "op" and info["filters"] == [["s/>", "native"]]
+        assert run("session", "drop", "op", server=server).returncode == 0
+        missing = run("session", "drop", "op", server=server)
+        assert missing.returncode == 1
+        assert missing.stderr.strip() == "topiary session drop: no durable session 'op'"
+        assert json.loads(run("sessions", server=server).stdout) == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0

@@ -217,3 +217,63 @@ async def test_reject_publish_refuses_the_publisher_until_the_session_catches_up
                 assert [m.payload for m in await take(live, 1)] == [b"d"]
                 stats = await p.stats()
     assert stats["quota_rejected"] == 1
+
+
+async def test_a_backlog_larger_than_the_subscription_buffer_is_delivered(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="big", durable=True) as c:
+            async with c.subscribe("big/>"):
+                await c.ping()
+        async with connect(address) as p:
+            for i in range(5000):
+                await p.publish("big/x", str(i), confirm=(i == 4999))
+        async with connect(address, client_id="big", durable=True) as c:
+            async with c.subscribe("big/>", buffer=100) as sub:
+                got = await take(sub, 5000, seconds=30)
+                assert [int(m.payload) for m in got] == list(range(5000))
+
+
+async def test_operators_list_and_drop_durable_sessions(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="ops-1", durable=True) as c:
+            async with c.subscribe("ops/>"):
+                await c.ping()
+        await publish(address, "ops/1", ["kept"])
+        async with connect(address) as admin:
+            (info,) = await admin.sessions()
+            assert info["client_id"] == "ops-1"
+            assert info["filters"] == [["ops/>", "native"]]
+            assert (info["connected"], info["pending"], info["last_seq"]) == (False, 1, 1)
+            assert await admin.drop_session("ops-1") is True
+            assert await admin.drop_session("ops-1") is False
+            assert await admin.sessions() == []
+        async with connect(address, client_id="ops-1", durable=True) as c:
+            assert c.session_present is False
+            async with c.subscribe("ops/>") as sub:
+                assert await quiet(sub)  # what was stored went with the session
+
+
+async def test_dropping_a_connected_session_closes_its_connection(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="ops-2", durable=True) as c:
+            async with c.subscribe("o/>") as sub:
+                async with connect(address) as admin:
+                    assert await admin.drop_session("ops-2") is True
+                with trio.fail_after(5), pytest.raises(BrokerError) as info:
+                    await sub.get()
+                assert info.value.code == "SESSION_TAKEN"
+
+
+async def test_a_client_can_end_its_own_session_and_carry_on(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="ops-3", durable=True) as c:
+            async with c.subscribe("e/>") as sub:
+                assert await c.end_session() is True
+                await publish(address, "e/1", ["still live"])
+                (message,) = await take(sub, 1)
+                assert message.payload == b"still live"
+                assert await c.sessions() == []

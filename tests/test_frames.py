@@ -19,6 +19,7 @@ from broker.frames import (
     MAX_MSG_ID_BYTES,
     U64_MAX,
     Ack,
+    DropSession,
     Error,
     Frame,
     Hello,
@@ -26,6 +27,7 @@ from broker.frames import (
     Pong,
     Pub,
     PubAck,
+    Sessions,
     Stats,
     StatsReply,
     Sub,
@@ -71,9 +73,13 @@ VALID: dict[str, dict[str, Any]] = {
     "ERROR": {"code": "INTERNAL", "text": "oops"},
     "STATS": {"id": 1},
     "STATS_REPLY": {"id": 1, "stats": {"a": 1}},
+    "SESSIONS": {"id": 1},
+    "SESSIONS_REPLY": {"id": 1, "sessions": [{"client_id": "a", "pending": 0}]},
+    "DROP_SESSION": {"id": 1, "client_id": "a"},
+    "SESSION_DROPPED": {"id": 1, "dropped": True},
 }
 
-_CLIENT_SENT = {Sub, Unsub, Pub, Ack, Ping, Pong, Stats, Error}
+_CLIENT_SENT = {Sub, Unsub, Pub, Ack, Ping, Pong, Stats, Sessions, DropSession, Error}
 
 
 def receiver_for(cls: type[Frame]) -> Connection:
@@ -270,6 +276,9 @@ WRONG_FIELDS: list[tuple[str, str, Any, str]] = [
     ("ERROR", "text", None, "must be str, got None"),
     ("ERROR", "ref", "1", "must be int or None, got str"),
     ("STATS", "id", 1.5, "must be int, got float"),
+    ("SESSIONS_REPLY", "sessions", {"a": 1}, "must be list, got dict"),
+    ("DROP_SESSION", "client_id", 7, "must be str, got int"),
+    ("SESSION_DROPPED", "dropped", 1, "must be bool, got int"),
     ("STATS_REPLY", "stats", None, "must be dict, got None"),
     ("STATS_REPLY", "stats", {"a": {b"k": 1}}, "holds a map key of type bytes"),
 ]
