@@ -26,6 +26,29 @@ Scenarios (payloads of 500 bytes):
                  distinct SUB frames (workload filters, deduplicated) as one pipelined
                  buffer after HELLO/WELCOME; the time from the first byte sent to the last
                  SUBACK, then the same for 50,000 UNSUBs.
+- ``durable-confirm``  the broker runs with ``--data-dir`` (a fresh temporary directory per
+                 durable scenario, removed afterwards). One durable subscriber connection
+                 (client id ``bench-durable``, filter ``bench/durable/>``) reads and acks
+                 cumulatively every 100 messages; one publisher process runs 128 trio tasks
+                 on one connection, each awaiting its own ``publish(..., confirm=True)`` in a
+                 loop for 5 s (so up to 128 confirmed publishes are in flight: the broker's
+                 group commit can put them in one SQLite transaction). confirmed/s = PUBACKs
+                 received / (start -> the last task's last PUBACK); confirm latency = from
+                 the ``publish`` call to its return, p50 / p99 / max over all of them. The
+                 subscriber must receive every confirmed message, in seq order from 1.
+- ``durable-replay``  the durable subscriber connects once (the session is created and its
+                 filter stored) and disconnects; the publisher publishes 100,000 messages
+                 without confirm, then one with ``confirm=True`` (the barrier: the store
+                 commits in order, so everything before it is stored when it returns). The
+                 subscriber reconnects (durable, SUBs the same filter again) and the time
+                 from starting the reconnect to the last of the 100,000 stored messages gives
+                 replayed messages/s; they must arrive in seq order 1, 2, ... without gaps.
+                 Also recorded: the rate at which the 100,000 were stored while it was away
+                 (first publish -> the barrier's PUBACK) and the time to the first MSG.
+                 Both durable scenarios record the broker's ``stats`` deltas
+                 (``messages_replayed``, ``store_errors``, error counters), its CPU, what the
+                 store holds after the broker stopped (every delivery should be acked) and
+                 the data dir's file system (fsync cost differs a lot between them).
 
 Every subscriber connection also subscribes to ``bench/control/done``. Each publish scenario
 has two phases:
@@ -47,7 +70,9 @@ b. latency: 2,000 msg/s for 2.5 s, paced to an absolute schedule with ``trio.sle
 
 Subscribers read with a lean parser (length prefix + ``msgpack.unpackb``) rather than the
 full client, so that their CPU cost (which competes with the broker's on a small machine)
-stays low; they handle connections of one process as trio tasks.
+stays low; they handle connections of one process as trio tasks. The durable subscriber
+does the same with raw frames (HELLO with ``durable`` and its client id, SUB, ACK): it
+checks every MSG's seq (first 1, then +1 each) and acks as ``client.ack`` would.
 
 Per scenario: broker RSS (VmRSS, and VmHWM, at the end), broker ``stats`` deltas per phase
 (messages in/out, dropped, slow-consumer disconnects), broker CPU utilisation per phase
@@ -58,9 +83,12 @@ the missing ones (expected - received; should equal the broker's dropped count).
 Every party shares the machine: on 2 cores the publisher and subscribers compete with the
 broker for CPU, and another benchmark running at the same time shows up as noise (the load
 average at start and end is printed and recorded). The goals are checked for information
-only: delivered/s >= 75,000 for wild-1k, p99 < 2 ms at 2,000 msg/s, 50,000 subscribes < 1 s.
+only: delivered/s >= 75,000 for wild-1k, p99 < 2 ms at 2,000 msg/s, 50,000 subscribes < 1 s,
+>= 20,000 confirmed publishes/s (durable-confirm), >= 50,000 replayed messages/s
+(durable-replay).
 
-``--quick`` uses tiny counts (a CI smoke test, well under 20 s). The exit status is 0 unless
+``--quick`` uses tiny counts (a CI smoke test, well under 20 s; durable-replay stores
+10,000). The exit status is 0 unless
 a scenario failed to run (a worker error, a timeout, a broker that did not start).
 """
 
@@ -75,6 +103,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -96,9 +125,10 @@ import trio  # noqa: E402
 
 from bench import workload  # noqa: E402
 from bench.common import machine_info as common_machine_info  # noqa: E402
-from broker.client import connect  # noqa: E402
+from broker.client import BrokerError, connect  # noqa: E402
 from broker.frames import (  # noqa: E402
     PROTOCOL_VERSION,
+    Ack,
     Error,
     Frame,
     Hello,
@@ -108,6 +138,7 @@ from broker.frames import (  # noqa: E402
     Unsub,
     UnsubAck,
     Welcome,
+    encode_frame,
 )
 from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role  # noqa: E402
 from routing import NATIVE, SubscriptionTable  # noqa: E402
@@ -128,10 +159,23 @@ GOAL_DELIVERED = 75_000
 GOAL_P99_MS = 2.0
 GOAL_SUBSCRIBE_SECONDS = 1.0
 GOAL_SUBSCRIBE_COUNT = 50_000
+GOAL_CONFIRMED = 20_000  # confirmed publishes/s, durable-confirm
+GOAL_REPLAY = 50_000  # replayed messages/s, durable-replay
+GOAL_REPLAY_COUNT = 100_000
+
+DURABLE_CLIENT_ID = "bench-durable"
+DURABLE_FILTER = "bench/durable/>"
+DURABLE_TOPIC = "bench/durable/data"
+DURABLE_DONE_TOPIC = "bench/durable/done"  # matches DURABLE_FILTER: stored and sent in order
+DURABLE_ACK_EVERY = 100  # the durable subscriber acks cumulatively every this many messages
+DETACH_TIMEOUT = 10.0
 
 PUBLISH_SCENARIOS = ("exact", "wild-1k", "wild-10k", "fanout-50")
 SUBSCRIBE_SCENARIO = "subscribe-50k"
-ALL_SCENARIOS = (*PUBLISH_SCENARIOS, SUBSCRIBE_SCENARIO)
+DURABLE_CONFIRM = "durable-confirm"
+DURABLE_REPLAY = "durable-replay"
+DURABLE_SCENARIOS = (DURABLE_CONFIRM, DURABLE_REPLAY)
+ALL_SCENARIOS = (*PUBLISH_SCENARIOS, SUBSCRIBE_SCENARIO, *DURABLE_SCENARIOS)
 
 FULL: dict[str, Any] = {
     "throughput_max": 200_000,
@@ -144,6 +188,9 @@ FULL: dict[str, Any] = {
     "fanout_processes": 5,
     "subscribe_count": 50_000,
     "drain_timeout": 30.0,
+    "durable_tasks": 128,  # concurrent confirmed publishes (trio tasks on one connection)
+    "durable_confirm_seconds": 5.0,
+    "durable_replay_count": 100_000,
 }
 QUICK: dict[str, Any] = {
     **FULL,
@@ -152,6 +199,8 @@ QUICK: dict[str, Any] = {
     "latency_seconds": 0.25,
     "subscribe_count": 5_000,
     "drain_timeout": 15.0,
+    "durable_confirm_seconds": 0.5,
+    "durable_replay_count": 10_000,
 }
 
 
@@ -432,6 +481,306 @@ async def publisher_main(pipe: Pipe, port: int, spec: tuple[str, Any], seed: int
             pipe.send(("stopped", {"markers_resent": resent}))
 
 
+# -- durable scenarios: subscriber and publisher (worker processes) -----------------------
+
+
+def _frame_bytes(frame: Frame) -> bytes:
+    body = encode_frame(frame)
+    return len(body).to_bytes(4, "big") + body
+
+
+def _bench_payload() -> bytes:
+    return bytes(range(256)) * (PAYLOAD_SIZE // 256) + bytes(PAYLOAD_SIZE % 256)
+
+
+class DurableSubscriber:
+    """The durable subscriber ``bench-durable``: raw HELLO / SUB / ACK, a lean MSG reader.
+
+    It checks that MSGs come in seq order without gaps (``seq`` of the first one, then +1
+    each) and acks cumulatively every ``DURABLE_ACK_EVERY`` messages, and at the marker.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.stream: trio.SocketStream | None = None
+        self.buffer = bytearray()
+        self.read_ns = 0
+        self.session_present: bool | None = None
+        self.suback = False
+        self.unacked = 0
+        self.last_acked = 0
+        self.acks_sent = 0
+        self.prev_seq: int | None = None
+        self.result: dict[str, Any] = {}
+
+    async def connect(self) -> None:
+        """TCP, HELLO (durable) -> WELCOME, SUB; the SUBACK (and any replay) come in ``pump``."""
+        self.stream = stream = await trio.open_tcp_stream(HOST, self.port)
+        self.buffer = bytearray()
+        self.suback = False
+        hello = Hello(
+            version=PROTOCOL_VERSION,
+            client_id=DURABLE_CLIENT_ID,
+            durable=True,
+            keepalive=KEEPALIVE,
+        )
+        await stream.send_all(_frame_bytes(hello))
+        while True:
+            buf = self.buffer
+            if len(buf) >= 4:
+                end = 4 + int.from_bytes(buf[:4], "big")
+                if len(buf) >= end:
+                    body = msgpack.unpackb(buf[4:end])
+                    del buf[:end]  # what follows WELCOME (a replay) stays for pump()
+                    break
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                raise BenchError("the broker closed the connection during the handshake")
+            self.read_ns = time.monotonic_ns()
+            buf += data
+        if body.get("type") != "WELCOME":
+            raise BenchError(f"expected WELCOME, got {body!r}")
+        self.session_present = bool(body.get("session_present"))
+        await stream.send_all(_frame_bytes(Sub(id=1, filter=DURABLE_FILTER, dialect=NATIVE)))
+
+    def start_count(self) -> None:
+        self.result = {
+            "count": 0,
+            "first_seq": None,
+            "last_seq": None,
+            "gaps": 0,
+            "missing_seqs": 0,
+            "backwards": 0,
+            "first_msg_ns": None,
+            "last_data_ns": None,
+            "done_ns": None,
+            "done_seq": None,
+            "late": 0,
+            "error": None,
+        }
+        self.prev_seq = None
+
+    async def pump(self, until_done: bool) -> dict[str, Any]:
+        """Read until the SUBACK (and, with ``until_done``, the done marker) has come."""
+        stream = self.stream
+        assert stream is not None
+        r = self.result
+        unpack = msgpack.unpackb
+        buf = self.buffer
+        now = self.read_ns
+        while True:
+            out = bytearray()
+            pos = 0
+            end_buf = len(buf)
+            while end_buf - pos >= 4:
+                end = pos + 4 + int.from_bytes(buf[pos : pos + 4], "big")
+                if end > end_buf:
+                    break
+                body = unpack(buf[pos + 4 : end])
+                pos = end
+                kind = body.get("type")
+                if kind == "MSG":
+                    seq = body["seq"]
+                    prev = self.prev_seq
+                    if prev is None:
+                        r["first_seq"] = seq
+                        r["first_msg_ns"] = now
+                    elif seq != prev + 1:
+                        if seq > prev + 1:
+                            r["gaps"] += 1
+                            r["missing_seqs"] += seq - prev - 1
+                        else:
+                            r["backwards"] += 1
+                    self.prev_seq = seq
+                    r["last_seq"] = seq
+                    if body["topic"] == DURABLE_DONE_TOPIC:
+                        if r["done_ns"] is None:
+                            r["done_ns"] = now
+                            r["done_seq"] = seq
+                    elif r["done_ns"] is not None:
+                        r["late"] += 1
+                    else:
+                        r["count"] += 1
+                        r["last_data_ns"] = now
+                    self.unacked += 1
+                    if self.unacked >= DURABLE_ACK_EVERY or r["done_seq"] == seq:
+                        if seq > self.last_acked:
+                            out += _frame_bytes(Ack(seq=seq))
+                            self.last_acked = seq
+                            self.acks_sent += 1
+                        self.unacked = 0
+                elif kind == "SUBACK":
+                    self.suback = True
+                elif kind == "PING":
+                    out += _frame_bytes(Pong(id=body.get("id", 0)))
+                elif kind == "ERROR":
+                    r["error"] = f"ERROR {body.get('code')}: {body.get('text')}"
+                else:
+                    r["error"] = f"unexpected {kind} frame"
+            del buf[:pos]
+            if out:
+                await stream.send_all(bytes(out))
+            if r["error"] is not None or (
+                self.suback and (not until_done or r["done_ns"] is not None)
+            ):
+                return r
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                r["error"] = f"connection broken: {exc}"
+                return r
+            if not data:
+                r["error"] = "EOF: the broker closed the connection"
+                return r
+            now = self.read_ns = time.monotonic_ns()
+            buf += data
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **self.result,
+            "session_present": self.session_present,
+            "suback": self.suback,
+            "acks_sent": self.acks_sent,
+            "last_acked": self.last_acked,
+        }
+
+    async def aclose(self) -> None:
+        if self.stream is not None:
+            await trio.aclose_forcefully(self.stream)
+            self.stream = None
+
+
+async def durable_subscriber_main(pipe: Pipe, port: int) -> None:
+    sub = DurableSubscriber(port)
+    try:
+        sub.start_count()
+        with trio.fail_after(30):
+            await sub.connect()
+            await sub.pump(until_done=False)
+        if sub.result["error"]:
+            raise BenchError(sub.result["error"])
+        pipe.send(("ready", {"session_present": sub.session_present, "pid": os.getpid()}))
+        while True:
+            command = await trio.to_thread.run_sync(pipe.recv)
+            if command[0] == "stop":
+                return
+            if command[0] == "disconnect":
+                await sub.aclose()
+                pipe.send(("away", sub.summary()))
+                continue
+            _, timeout = command
+            cpu = time.process_time()
+            sub.start_count()
+            started = time.monotonic_ns()
+            if command[0] == "count":  # the publisher starts when we say "armed"
+                pipe.send(("armed",))
+                with trio.move_on_after(timeout):
+                    await sub.pump(until_done=True)
+            else:  # "reconnect": the replay
+                with trio.move_on_after(timeout):
+                    await sub.connect()
+                    await sub.pump(until_done=True)
+            result = sub.summary()
+            if result["done_ns"] is None and result["error"] is None:
+                result["error"] = f"no done marker within {timeout:g} s"
+            result["started_ns"] = started
+            result["cpu_seconds"] = time.process_time() - cpu
+            pipe.send(("result", result))
+    finally:
+        await sub.aclose()
+
+
+def _ms_summary(samples_ns: list[int]) -> dict[str, float] | None:
+    if not samples_ns:
+        return None
+    ordered = sorted(samples_ns)
+    return {
+        "p50": percentile(ordered, 0.50) / 1e6,
+        "p90": percentile(ordered, 0.90) / 1e6,
+        "p99": percentile(ordered, 0.99) / 1e6,
+        "p999": percentile(ordered, 0.999) / 1e6,
+        "max": ordered[-1] / 1e6,
+        "min": ordered[0] / 1e6,
+        "mean": sum(ordered) / len(ordered) / 1e6,
+    }
+
+
+async def _publish_confirmed(
+    client: Any, payload: bytes, tasks: int, seconds: float
+) -> dict[str, Any]:
+    """``tasks`` tasks, each publishing with confirm=True in a loop until the deadline."""
+    latencies: list[int] = []
+    errors: list[str] = []
+    per_task = [0] * tasks
+    first = time.monotonic_ns()
+    deadline = first + int(seconds * 1e9)
+
+    async def one(index: int) -> None:
+        publish = client.publish
+        clock = time.monotonic_ns
+        record = latencies.append
+        done = 0
+        while (started := clock()) < deadline:
+            try:
+                await publish(DURABLE_TOPIC, payload, confirm=True)
+            except BrokerError as exc:
+                errors.append(str(exc))
+                continue
+            record(clock() - started)
+            done += 1
+        per_task[index] = done
+
+    async with trio.open_nursery() as nursery:
+        for index in range(tasks):
+            nursery.start_soon(one, index)
+    last = time.monotonic_ns()
+    await client.publish(DURABLE_DONE_TOPIC, b"done", confirm=True)
+    return {
+        "tasks": tasks,
+        "confirmed": len(latencies),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "first_ns": first,
+        "last_ns": last,
+        "per_task_min": min(per_task),
+        "per_task_max": max(per_task),
+        "latency_ms": _ms_summary(latencies),
+    }
+
+
+async def _publish_fill(client: Any, payload: bytes, count: int) -> dict[str, Any]:
+    """``count`` publishes without confirm, then the marker with confirm (the barrier)."""
+    publish = client.publish
+    first = time.monotonic_ns()
+    for _ in range(count):
+        await publish(DURABLE_TOPIC, payload)
+    last = time.monotonic_ns()
+    await publish(DURABLE_DONE_TOPIC, b"done", confirm=True)
+    return {
+        "sent": count,
+        "first_ns": first,
+        "last_ns": last,
+        "barrier_ns": time.monotonic_ns(),
+    }
+
+
+async def durable_publisher_main(pipe: Pipe, port: int) -> None:
+    payload = _bench_payload()
+    async with connect((HOST, port), keepalive=KEEPALIVE) as client:
+        pipe.send(("ready", {"pid": os.getpid()}))
+        while True:
+            command = await trio.to_thread.run_sync(pipe.recv)
+            if command[0] == "stop":
+                return
+            cpu = time.process_time()
+            if command[0] == "confirm":
+                info = await _publish_confirmed(client, payload, *command[1:])
+            else:
+                info = await _publish_fill(client, payload, *command[1:])
+            info["cpu_seconds"] = time.process_time() - cpu
+            pipe.send(("published", info))
+
+
 def _worker_entry(target: Callable[..., Any], pipe: Pipe, *args: Any) -> None:
     try:
         trio.run(target, pipe, *args)
@@ -519,13 +868,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_broker(log_path: Path, profile: Path | None = None) -> BrokerProcess:
-    """A broker on a free port; under cProfile (stats written at exit) if ``profile``."""
+def start_broker(
+    log_path: Path, profile: Path | None = None, data_dir: Path | None = None
+) -> BrokerProcess:
+    """A broker on a free port; under cProfile (stats written at exit) if ``profile``; with
+    its store in ``data_dir`` if given."""
     port = free_port()
     command = [
         sys.executable, "-m", "broker.cli", "serve",
         "--port", str(port), "--host", HOST, "--log-format", "json",
     ]  # fmt: skip
+    if data_dir is not None:
+        command += ["--data-dir", str(data_dir)]
     if profile is not None:
         command[1:1] = ["-m", "cProfile", "-o", str(profile)]
     log_file = open(log_path, "wb")  # noqa: SIM115 (closed in stop_broker)
@@ -960,6 +1314,246 @@ def run_subscribe_scenario(
     return result
 
 
+def filesystem_of(path: Path) -> str | None:
+    """The type of the filesystem holding ``path`` (ext4, tmpfs, ...), from /proc/self/mounts."""
+    target = str(path.resolve())
+    best, kind = "", None
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1]
+                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, fields[2]
+    except OSError:
+        return None
+    return kind
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def store_contents(data_dir: Path) -> dict[str, Any]:
+    """What the (stopped) broker left in its store: rows per table, the session's positions."""
+    db_path = data_dir / "topiary.db"
+    if not db_path.exists():
+        return {"error": "no topiary.db"}
+    try:
+        with contextlib.closing(sqlite3.connect(db_path)) as db:
+            out: dict[str, Any] = {
+                table: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                for table in ("messages", "deliveries", "sessions", "filters")
+            }
+            row = db.execute(
+                "SELECT last_ack, next_seq FROM sessions WHERE client_id = ?",
+                (DURABLE_CLIENT_ID,),
+            ).fetchone()
+            out["last_ack"], out["next_seq"] = row if row is not None else (None, None)
+            return out
+    except sqlite3.Error as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def wait_detached(port: int, timeout: float) -> bool:
+    """Wait until the broker holds no connection but the one asking (the session detached)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if broker_stats(port).get("connections") == 1:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "messages_in", "messages_out", "messages_replayed", "store_errors", "dropped",
+        "duplicates_dropped", "slow_consumer_disconnects", "idle_disconnects", "bytes_sent",
+    )  # fmt: skip
+    out: dict[str, Any] = {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in keys}
+    errors_before = before.get("errors", {})
+    out["errors"] = {
+        k: v - errors_before.get(k, 0)
+        for k, v in after.get("errors", {}).items()
+        if v != errors_before.get(k, 0)
+    }
+    return out
+
+
+def _in_order(got: dict[str, Any], first_seq: int) -> bool:
+    return (
+        got["first_seq"] == first_seq
+        and got["gaps"] == 0
+        and got["backwards"] == 0
+        and got["late"] == 0
+        and got["done_seq"] == got["last_seq"]
+    )
+
+
+def _durable_confirm(
+    params: dict[str, Any], ctx: Any, broker: BrokerProcess, sub: Worker, result: dict[str, Any]
+) -> None:
+    seconds = params["durable_confirm_seconds"]
+    timeout = seconds + params["drain_timeout"]
+    pub = Worker(ctx, durable_publisher_main, (broker.port,), f"{DURABLE_CONFIRM}-pub")
+    result["worker_pids"].append(pub.pid)
+    try:
+        pub.expect("ready", WORKER_READY_TIMEOUT)
+        stats_before = broker_stats(broker.port)
+        (user0, sys0), wall0 = cpu_times(broker.pid), time.monotonic()
+        sub.send(("count", timeout))
+        sub.expect("armed", 30)
+        pub.send(("confirm", params["durable_tasks"], seconds))
+        published = pub.expect("published", timeout + 30)[1]
+        got = sub.expect("result", timeout + 30)[1]
+        (user1, sys1), wall1 = cpu_times(broker.pid), time.monotonic()
+        stats_after = broker_stats(broker.port)
+    finally:
+        pub.stop()
+    broker_cpu = user1 + sys1 - user0 - sys0
+    confirmed = published["confirmed"]
+    attempted = confirmed + published["errors"]
+    window = max((published["last_ns"] - published["first_ns"]) / 1e9, 1e-9)
+    result.update(
+        {
+            "tasks": published["tasks"],
+            "publish_seconds": seconds,
+            "confirmed": confirmed,
+            "publish_errors": published["errors"],
+            "first_publish_error": published["first_error"],
+            "confirmed_per_second": confirmed / window,
+            "confirm_window_seconds": window,
+            "confirm_latency_ms": published["latency_ms"],
+            "per_task_confirmed": [published["per_task_min"], published["per_task_max"]],
+            "received": got["count"],
+            "missing": confirmed - got["count"],
+            "unexpected": max(0, got["count"] - attempted),
+            "in_order": _in_order(got, 1),
+            "subscriber": got,
+            "seconds_to_marker": (
+                (got["done_ns"] - published["first_ns"]) / 1e9 if got["done_ns"] else None
+            ),
+            "broker": _stats_delta(stats_before, stats_after),
+            "broker_cpu_utilisation": broker_cpu / max(wall1 - wall0, 1e-9),
+            "broker_cpu_system_share": (sys1 - sys0) / broker_cpu if broker_cpu else None,
+            "phase_wall_seconds": wall1 - wall0,
+            "publisher_cpu_seconds": published["cpu_seconds"],
+            "subscriber_cpu_seconds": got["cpu_seconds"],
+        }
+    )
+
+
+def _durable_replay(
+    params: dict[str, Any], ctx: Any, broker: BrokerProcess, sub: Worker, result: dict[str, Any]
+) -> None:
+    count = params["durable_replay_count"]
+    timeout = params["drain_timeout"] + count / 10_000
+    sub.send(("disconnect",))
+    sub.expect("away", 30)
+    result["detached"] = wait_detached(broker.port, DETACH_TIMEOUT)
+    pub = Worker(ctx, durable_publisher_main, (broker.port,), f"{DURABLE_REPLAY}-pub")
+    result["worker_pids"].append(pub.pid)
+    try:
+        pub.expect("ready", WORKER_READY_TIMEOUT)
+        stats0 = broker_stats(broker.port)
+        (user0, sys0), wall0 = cpu_times(broker.pid), time.monotonic()
+        pub.send(("fill", count))
+        filled = pub.expect("published", timeout + 30)[1]
+        (user1, sys1), wall1 = cpu_times(broker.pid), time.monotonic()
+    finally:
+        pub.stop()  # idle during the replay: out of the way
+    stats1 = broker_stats(broker.port)
+    result["data_dir_bytes_stored"] = directory_bytes(Path(result["data_dir"]))
+    (user2, sys2), wall2 = cpu_times(broker.pid), time.monotonic()
+    sub.send(("reconnect", timeout))
+    got = sub.expect("result", timeout + 30)[1]
+    (user3, sys3), wall3 = cpu_times(broker.pid), time.monotonic()
+    stats2 = broker_stats(broker.port)
+    fill_cpu = user1 + sys1 - user0 - sys0
+    replay_cpu = user3 + sys3 - user2 - sys2
+    started = got["started_ns"]
+    replay_seconds = (got["last_data_ns"] - started) / 1e9 if got["last_data_ns"] else None
+    result.update(
+        {
+            "count": count,
+            "stored": filled["sent"],
+            "fill_seconds": (filled["barrier_ns"] - filled["first_ns"]) / 1e9,
+            "stored_per_second": filled["sent"]
+            / max((filled["barrier_ns"] - filled["first_ns"]) / 1e9, 1e-9),
+            "fill_broker": _stats_delta(stats0, stats1),
+            "fill_broker_cpu_utilisation": fill_cpu / max(wall1 - wall0, 1e-9),
+            "publisher_cpu_seconds": filled["cpu_seconds"],
+            "received": got["count"],
+            "missing": filled["sent"] - got["count"],
+            "in_order": _in_order(got, 1),
+            "session_present": got["session_present"],
+            "replay_seconds": replay_seconds,
+            "replayed_per_second": got["count"] / replay_seconds if replay_seconds else None,
+            "first_message_ms": (
+                (got["first_msg_ns"] - started) / 1e6 if got["first_msg_ns"] else None
+            ),
+            "subscriber": got,
+            "broker": _stats_delta(stats1, stats2),
+            "broker_cpu_utilisation": replay_cpu / max(wall3 - wall2, 1e-9),
+            "broker_cpu_system_share": (sys3 - sys2) / replay_cpu if replay_cpu else None,
+            "phase_wall_seconds": wall3 - wall2,
+            "subscriber_cpu_seconds": got["cpu_seconds"],
+        }
+    )
+
+
+def run_durable_scenario(
+    name: str, params: dict[str, Any], ctx: Any, log_dir: Path, profile_dir: Path | None = None
+) -> dict[str, Any]:
+    """A broker with a fresh ``--data-dir`` (removed afterwards) and the durable subscriber."""
+    result: dict[str, Any] = {"name": name, "client_id": DURABLE_CLIENT_ID, "worker_pids": []}
+    broker: BrokerProcess | None = None
+    sub: Worker | None = None
+    started = time.monotonic()
+    data_dir = Path(tempfile.mkdtemp(prefix=f"topiary-e2e-{name}-"))
+    result["data_dir"] = str(data_dir)
+    result["data_dir_filesystem"] = filesystem_of(data_dir)
+    try:
+        broker = start_broker(log_dir / f"{name}.log", _profile_path(profile_dir, name), data_dir)
+        result["broker_pid"] = broker.pid
+        result["broker_log"] = str(broker.log_path)
+        sub = Worker(ctx, durable_subscriber_main, (broker.port,), f"{name}-sub")
+        result["worker_pids"].append(sub.pid)
+        result["first_session_present"] = sub.expect("ready", WORKER_READY_TIMEOUT)[1][
+            "session_present"
+        ]
+        result["setup_seconds"] = time.monotonic() - started
+        if name == DURABLE_CONFIRM:
+            _durable_confirm(params, ctx, broker, sub, result)
+        else:
+            _durable_replay(params, ctx, broker, sub, result)
+        error = result["subscriber"]["error"]
+        if error:
+            result["subscriber_error"] = error
+        status = proc_status(broker.pid)
+        result["broker_rss_mb"] = status.get("VmRSS")
+        result["broker_hwm_mb"] = status.get("VmHWM")
+        result["data_dir_bytes"] = directory_bytes(data_dir)
+        result["broker_stats"] = broker_stats(broker.port)
+    except (BenchError, OSError, trio.TooSlowError) as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        if sub is not None:
+            sub.stop()
+        if broker is not None:
+            result["broker_stop"] = stop_broker(broker)
+            result["broker_log_summary"] = scan_log(broker.log_path)
+            result["store_after_stop"] = store_contents(data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)
+        result["data_dir_removed"] = not data_dir.exists()
+    result["seconds"] = time.monotonic() - started
+    return result
+
+
 # -- report --------------------------------------------------------------------------------
 
 
@@ -1016,6 +1610,57 @@ def subscribe_line(r: dict[str, Any]) -> str:
     )
 
 
+def durable_lines(scenarios: dict[str, dict[str, Any]]) -> list[str]:
+    present = [name for name in DURABLE_SCENARIOS if name in scenarios]
+    if not present:
+        return []
+    header = (
+        f"{'durable':<15} {'rate/s':>8} {'of what':<22} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'max ms':>7} {'received':>9} {'missing':>7} {'in order':>8} {'RSS MB':>7}"
+    )
+    lines = [header, "-" * len(header)]
+    details = []
+    for name in present:
+        r = scenarios[name]
+        if "received" not in r:
+            lines.append(f"{name:<15} failed: {r.get('error', '?').splitlines()[0][:80]}")
+            continue
+        if name == DURABLE_CONFIRM:
+            rate, what = r["confirmed_per_second"], "confirmed publishes"
+            lat = r["confirm_latency_ms"] or {}
+            details.append(
+                f"{name}: {r['tasks']} tasks x publish(confirm=True) on 1 connection for "
+                f"{r['publish_seconds']:g} s: {r['confirmed']:,} PUBACKs, "
+                f"{r['publish_errors']} errors; per task {r['per_task_confirmed'][0]:,}.."
+                f"{r['per_task_confirmed'][1]:,}; subscriber acked every {DURABLE_ACK_EVERY} "
+                f"({r['subscriber']['acks_sent']:,} ACKs)"
+            )
+        else:
+            rate, what = r["replayed_per_second"], "replayed messages"
+            lat = {}
+            first = r["first_message_ms"]
+            details.append(
+                f"{name}: {r['stored']:,} stored while away in {r['fill_seconds']:.2f} s "
+                f"({r['stored_per_second']:,.0f}/s); reconnect -> first MSG "
+                f"{_fmt(first, ',.1f')} ms, all in {_fmt(r['replay_seconds'], '.3f')} s; "
+                f"session_present {r['session_present']}; broker messages_replayed "
+                f"{r['broker']['messages_replayed']:,}"
+            )
+        lines.append(
+            f"{name:<15} {_fmt(rate, ',.0f'):>8} {what:<22} {_fmt(lat.get('p50'), '.2f'):>7} "
+            f"{_fmt(lat.get('p99'), '.2f'):>7} {_fmt(lat.get('max'), '.2f'):>7} "
+            f"{r['received']:>9,} {r['missing']:>7,} {'yes' if r['in_order'] else 'NO':>8} "
+            f"{_fmt(r.get('broker_rss_mb'), '.1f'):>7}"
+        )
+    fs = {scenarios[n].get("data_dir_filesystem") for n in present}
+    return [
+        *lines,
+        *details,
+        f"(store: a fresh --data-dir per scenario on {'/'.join(sorted(map(str, fs)))}; "
+        "SQLite WAL, synchronous=FULL)",
+    ]
+
+
 def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
     scenarios = report["scenarios"]
     quick = report["parameters"]["quick"]
@@ -1047,6 +1692,22 @@ def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
         f"{GOAL_SUBSCRIBE_COUNT:,} subscribes < {GOAL_SUBSCRIBE_SECONDS:g} s",
         seconds,
         None if seconds is None or not comparable else seconds < GOAL_SUBSCRIBE_SECONDS,
+    )
+    confirm = scenarios.get(DURABLE_CONFIRM, {})
+    value = confirm.get("confirmed_per_second")
+    add(
+        f"{DURABLE_CONFIRM} confirmed publishes/s >= {GOAL_CONFIRMED:,} "
+        f"({report['parameters']['durable_tasks']} tasks)",
+        value,
+        None if value is None else value >= GOAL_CONFIRMED,
+    )
+    replay = scenarios.get(DURABLE_REPLAY, {})
+    value = replay.get("replayed_per_second")
+    comparable = replay.get("count") == GOAL_REPLAY_COUNT
+    add(
+        f"{DURABLE_REPLAY} replayed messages/s >= {GOAL_REPLAY:,} ({GOAL_REPLAY_COUNT:,} stored)",
+        value,
+        None if value is None or not comparable else value >= GOAL_REPLAY,
     )
     if quick:
         for goal in goals:
@@ -1101,6 +1762,60 @@ def notes(report: dict[str, Any]) -> list[str]:
             out.append(f"{name}: broker stop: {stop}")
         if name == SUBSCRIBE_SCENARIO and r.get("table_entries_after"):
             out.append(f"{name}: table holds {r['table_entries_after']} entries after UNSUBs")
+        if name in DURABLE_SCENARIOS:
+            out.extend(durable_notes(name, r))
+    return out
+
+
+def durable_notes(name: str, r: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    got = r.get("subscriber")
+    if got is not None:
+        if got["error"]:
+            out.append(f"{name}: durable subscriber: {got['error']}")
+        if r["missing"]:
+            out.append(f"{name}: {r['missing']:,} messages missing at the durable subscriber")
+        if not r["in_order"]:
+            out.append(
+                f"{name}: not in seq order: first seq {got['first_seq']} (expected 1), "
+                f"{got['gaps']} gaps ({got['missing_seqs']} seqs skipped), {got['backwards']} "
+                f"backwards, {got['late']} after the marker, marker seq {got['done_seq']} "
+                f"last seq {got['last_seq']}"
+            )
+    if r.get("unexpected"):
+        out.append(f"{name}: {r['unexpected']:,} more messages received than published")
+    if r.get("publish_errors"):
+        out.append(
+            f"{name}: {r['publish_errors']:,} confirmed publishes refused, first: "
+            f"{r['first_publish_error']}"
+        )
+    if r.get("first_session_present") is True:
+        out.append(f"{name}: session_present was True on the first connect to a fresh store")
+    if name == DURABLE_REPLAY and "session_present" in r and r["session_present"] is not True:
+        out.append(f"{name}: session_present was {r['session_present']} on the reconnect")
+    if r.get("detached") is False:
+        out.append(f"{name}: the broker still counted the subscriber's connection after EOF")
+    for key in ("fill_broker", "broker"):
+        delta = r.get(key)
+        if not delta:
+            continue
+        tag = f"{name} ({'fill' if key == 'fill_broker' else 'measured phase'})"
+        if delta["store_errors"]:
+            out.append(f"{tag}: broker store_errors moved by {delta['store_errors']}")
+        if delta["errors"]:
+            out.append(f"{tag}: broker error counters moved: {delta['errors']}")
+        if delta["dropped"]:
+            out.append(f"{tag}: broker dropped {delta['dropped']:,} messages")
+    if r.get("data_dir_removed") is False:
+        out.append(f"{name}: data dir {r['data_dir']} was not removed")
+    stored = r.get("store_after_stop", {})
+    if stored.get("error"):
+        out.append(f"{name}: store after stop: {stored['error']}")
+    elif stored.get("deliveries") and got is not None and not got["error"]:
+        out.append(
+            f"{name}: store still holds {stored['deliveries']:,} pending deliveries after the "
+            f"final ACK of seq {got['last_acked']} (last_ack stored {stored.get('last_ack')})"
+        )
     return out
 
 
@@ -1119,6 +1834,23 @@ def cpu_lines(report: dict[str, Any]) -> list[str]:
             f"latency: achieved {b['achieved_rate']:,.0f} msg/s, broker CPU "
             f"{b['broker_cpu_utilisation']:.0%}, {b['latency_samples']:,} samples"
         )
+    for name in DURABLE_SCENARIOS:
+        r = report["scenarios"].get(name)
+        if not r or "received" not in r:
+            continue
+        line = (
+            f"  {name:<10} broker CPU {r['broker_cpu_utilisation']:.0%} "
+            f"({_fmt(r['broker_cpu_system_share'], '.0%')} of it in the kernel) over "
+            f"{r['phase_wall_seconds']:.1f} s, subscriber {r['subscriber_cpu_seconds']:.1f} s"
+        )
+        if name == DURABLE_CONFIRM:
+            line += f", publisher {r['publisher_cpu_seconds']:.1f} s"
+        else:
+            line += (
+                f"; while storing: broker CPU {r['fill_broker_cpu_utilisation']:.0%}, "
+                f"publisher {r['publisher_cpu_seconds']:.1f} s"
+            )
+        lines.append(line)
     return lines
 
 
@@ -1193,6 +1925,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  running {name} ...", flush=True)
             if name == SUBSCRIBE_SCENARIO:
                 result = run_subscribe_scenario(params, args.seed, log_dir, profile_dir)
+            elif name in DURABLE_SCENARIOS:
+                result = run_durable_scenario(name, params, ctx, log_dir, profile_dir)
             else:
                 result = run_publish_scenario(name, params, args.seed, ctx, log_dir, profile_dir)
             if "error" in result:
@@ -1212,6 +1946,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if SUBSCRIBE_SCENARIO in report["scenarios"]:
         print(subscribe_line(report["scenarios"][SUBSCRIBE_SCENARIO]))
+    durable = durable_lines(report["scenarios"])
+    if durable:
+        print()
+        for line in durable:
+            print(line)
     print()
     print(
         f"payload {PAYLOAD_SIZE} B; throughput phase: up to {params['throughput_max']:,} msgs "

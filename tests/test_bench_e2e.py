@@ -18,6 +18,8 @@ SCRIPT = ROOT / "bench" / "e2e.py"
 
 PUBLISH_SCENARIOS = ("exact", "wild-1k", "wild-10k", "fanout-50")
 SUBSCRIBE_SCENARIO = "subscribe-50k"
+DURABLE_SCENARIOS = ("durable-confirm", "durable-replay")
+QUICK_REPLAY_COUNT = 10_000
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def test_quick_run_writes_every_scenario(quick_run: tuple) -> None:
     assert {"python", "platform", "cpu_count"} <= report["machine"].keys()
     assert report["parameters"]["quick"] is True
     assert report["parameters"]["payload_size"] == 500
-    assert set(report["scenarios"]) == {*PUBLISH_SCENARIOS, SUBSCRIBE_SCENARIO}
+    assert set(report["scenarios"]) == {*PUBLISH_SCENARIOS, SUBSCRIBE_SCENARIO, *DURABLE_SCENARIOS}
     for name in PUBLISH_SCENARIOS:
         result = report["scenarios"][name]
         assert "error" not in result, result["error"]
@@ -74,6 +76,49 @@ def test_quick_run_writes_every_scenario(quick_run: tuple) -> None:
     assert sub["broker_subscribes"] == sub["broker_unsubscribes"] == sub["count"]
     assert sub["table_entries_after"] == 0
     assert {g["status"] for g in report["goals"]} <= {"PASS", "FAIL", "not measured"}
+    goals = " ".join(g["goal"] for g in report["goals"])
+    for name in DURABLE_SCENARIOS:
+        assert name in goals
+
+
+def test_quick_run_durable_scenarios(quick_run: tuple) -> None:
+    _, report = quick_run
+    for name in DURABLE_SCENARIOS:
+        result = report["scenarios"][name]
+        assert "error" not in result, result["error"]
+        got = result["subscriber"]
+        assert got["error"] is None, (name, got["error"])
+        assert result["first_session_present"] is False  # a fresh data dir per scenario
+        assert result["received"] > 0
+        assert result["missing"] == 0, name
+        # Every message in seq order from 1, no gaps, the marker last, all of it acked.
+        assert result["in_order"] is True, (name, got)
+        assert got["first_seq"] == 1 and got["gaps"] == got["backwards"] == got["late"] == 0
+        assert got["last_seq"] == got["done_seq"] == result["received"] + 1
+        assert got["last_acked"] == got["last_seq"]
+        assert result["broker"]["store_errors"] == 0
+        assert result["broker"]["errors"] == {}
+        assert result["broker_rss_mb"] > 0
+        assert result["data_dir_filesystem"]
+        stored = result["store_after_stop"]
+        assert stored["deliveries"] == 0 and stored["last_ack"] == got["last_seq"], stored
+        assert result["data_dir_removed"] is True
+        assert not os.path.exists(result["data_dir"])
+    confirm = report["scenarios"]["durable-confirm"]
+    assert confirm["confirmed"] > 0 and confirm["confirmed_per_second"] > 0
+    assert confirm["publish_errors"] == 0
+    assert confirm["received"] == confirm["confirmed"]
+    assert confirm["tasks"] == report["parameters"]["durable_tasks"] > 1
+    latency = confirm["confirm_latency_ms"]
+    assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+    replay = report["scenarios"]["durable-replay"]
+    assert replay["count"] == replay["stored"] == replay["received"] == QUICK_REPLAY_COUNT
+    assert replay["replayed_per_second"] > 0 and replay["stored_per_second"] > 0
+    assert replay["session_present"] is True
+    assert replay["detached"] is True
+    # Everything came from the store: the broker replayed all of it, the marker too.
+    assert replay["broker"]["messages_replayed"] == QUICK_REPLAY_COUNT + 1
+    assert replay["fill_broker"]["messages_in"] == QUICK_REPLAY_COUNT + 1
 
 
 def test_quick_run_leaves_no_process_behind(quick_run: tuple) -> None:
@@ -97,4 +142,10 @@ def test_quick_run_prints_a_table(quick_run: tuple) -> None:
     rows = [line.split()[0] for line in lines[header + 2 : header + 2 + len(PUBLISH_SCENARIOS)]]
     assert rows == list(PUBLISH_SCENARIOS)
     assert any(line.startswith(SUBSCRIBE_SCENARIO) for line in lines)
+    durable = next(i for i, line in enumerate(lines) if line.startswith("durable "))
+    for column in ("rate/s", "p50 ms", "p99 ms", "received", "missing", "in order"):
+        assert column in lines[durable]
+    rows = [line.split()[0] for line in lines[durable + 2 : durable + 2 + len(DURABLE_SCENARIOS)]]
+    assert rows == list(DURABLE_SCENARIOS)
+    assert all("failed" not in line for line in lines[durable + 2 : durable + 4])
     assert any(line.startswith("check") for line in lines)
