@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="use a durable session: the broker keeps what arrives while this id is away",
     )
     sub.add_argument(
+        "--group",
+        help="join shared group NAME: the members share one durable session, each message "
+        "goes to one of them",
+    )
+    sub.add_argument(
         "--ack",
         choices=["auto", "manual"],
         default="auto",
@@ -149,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _check_filter(text, args.dialect)
             if args.durable and not args.client_id:
                 raise UsageError("--durable needs --client-id")
+            if args.group is not None and not 0 < len(args.group.encode()) <= 256:
+                raise UsageError("--group must be 1..256 bytes")
             if args.durable and args.ack == "auto" and len(args.filters) > 1:
                 # Acks are cumulative by sequence number; with two filters their messages
                 # could be printed out of sequence order and an ack would cover one unprinted.
@@ -302,7 +309,9 @@ async def _sub(args: argparse.Namespace) -> int:
     deadline = trio.current_time() + args.timeout if args.timeout else float("inf")
     with trio.move_on_at(deadline) as waiting:
         async with (
-            connect(args.server, client_id=args.client_id, durable=args.durable) as client,
+            connect(
+                args.server, client_id=args.client_id, durable=args.durable, group=args.group
+            ) as client,
             AsyncExitStack() as stack,
         ):
             subs = [
@@ -324,7 +333,9 @@ async def _sub(args: argparse.Namespace) -> int:
                         seen.clear()
                     print(_render(message), file=out, flush=True)
                     received += 1
-                    if args.durable and args.ack == "auto":
+                    if args.ack == "auto" and args.group is not None:
+                        await client.ack(message.seq, single=True)
+                    elif args.ack == "auto" and args.durable:
                         await client.ack(message.seq)
                     if args.count is not None and received >= args.count:
                         nursery.cancel_scope.cancel()

@@ -217,9 +217,11 @@ class Client:
         reconnect: bool,
         backoff: tuple[float, float],
         durable: bool = False,
+        group: str | None = None,
     ) -> None:
         self.address = parse_server(server)
-        self.durable = durable
+        self.group = group
+        self.durable = durable or group is not None
         self.session_present = False
         self.requested_client_id = client_id
         self.client_id: str | None = None
@@ -257,7 +259,8 @@ class Client:
         hello = Hello(
             version=PROTOCOL_VERSION,
             client_id=client_id,
-            durable=self.durable,
+            durable=self.durable and self.group is None,
+            group=self.group,
             credentials=self.credentials,
             keepalive=self.keepalive,
         )
@@ -508,11 +511,12 @@ class Client:
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
 
-    async def ack(self, seq: int) -> None:
+    async def ack(self, seq: int, *, single: bool = False) -> None:
         """Acknowledge every message up to ``seq`` (cumulative) on a durable session: the
-        broker will not send them again."""
+        broker will not send them again. A shared-group member acknowledges each message it
+        has processed with ``single=True`` (cumulative acks cover only what it holds)."""
         await self._ready()
-        self._write(Ack(seq=seq))
+        self._write(Ack(seq=seq, single=single))
         await trio.lowlevel.checkpoint_if_cancelled()
 
     async def sessions(self) -> list[dict[str, Any]]:
@@ -626,12 +630,15 @@ async def connect(
     reconnect: bool = False,
     backoff: tuple[float, float] = (0.05, 5.0),
     durable: bool = False,
+    group: str | None = None,
 ) -> AsyncIterator[Client]:
     """Connect and say HELLO; raises BrokerError if refused, OSError if unreachable.
 
     ``durable=True`` (with a ``client_id``) resumes or creates a durable session: the
     broker keeps its subscriptions and stores its messages while it is away, and sends
     everything after the last ``ack`` when it comes back (``client.session_present``).
+    ``group="name"`` joins a shared group: the members share one durable session and each
+    message goes to one of them; acknowledge each with ``ack(seq, single=True)``.
     """
     if not (math.isfinite(keepalive) and keepalive > 0):
         raise ValueError("keepalive must be a positive number of seconds")
@@ -643,6 +650,7 @@ async def connect(
         reconnect=reconnect,
         backoff=backoff,
         durable=durable,
+        group=group,
     )
     await client._open()
     async with trio.open_nursery() as nursery:

@@ -26,6 +26,7 @@ key, never a traceback and never a silently ignored typo.
     max_messages = 1000000         # pending (unacked) messages per session
     max_bytes = 1073741824         # pending payload bytes per session
     overflow = "drop-oldest"       # or "reject-publish"
+    group_prefetch = 64            # unacked messages a shared-group member may hold
 
     [auth]
     token = "secret"               # HELLO credentials {"token": ...} must match
@@ -66,6 +67,7 @@ class BrokerConfig:
     session_max_messages: int = 1_000_000
     session_max_bytes: int = 1 << 30
     overflow: str = "drop-oldest"
+    group_prefetch: int = 64
     auth_token: str | None = None
 
     def __post_init__(self) -> None:
@@ -100,6 +102,7 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "max_messages": "session_max_messages",
         "max_bytes": "session_max_bytes",
         "overflow": "overflow",
+        "group_prefetch": "group_prefetch",
     },
     "auth": {"token": "auth_token"},
 }
@@ -123,6 +126,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "session_max_messages": (int,),
     "session_max_bytes": (int,),
     "overflow": (str,),
+    "group_prefetch": (int,),
     "auth_token": (str, type(None)),
 }
 
@@ -151,7 +155,7 @@ def _check(cfg: BrokerConfig) -> None:
         raise ConfigError(
             f"overflow must be 'drop-oldest' or 'reject-publish', got {cfg.overflow!r}"
         )
-    for name in ("session_max_messages", "session_max_bytes"):
+    for name in ("session_max_messages", "session_max_bytes", "group_prefetch"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     if cfg.dedup_window < 0:

@@ -45,6 +45,7 @@ from broker.frames import (
     Unsub,
     Welcome,
 )
+from broker.groups import GROUP_PREFIX
 from broker.log import get_logger
 from broker.message import Message, encode_msg
 from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
@@ -116,7 +117,11 @@ class ClientConnection:
             await trio.aclose_forcefully(self.stream)
 
     def _release(self, session: Session) -> None:
-        if session.durable:
+        if session.member is not None:
+            session.member.group.leave(session.member)  # what it held goes to the others
+            session.member = None
+            self.broker.close_session(session)
+        elif session.durable:
             session.detach(self)  # the session stays, stored, and keeps its routes
         else:
             self.broker.close_session(session)
@@ -214,7 +219,11 @@ class ClientConnection:
         if frame.keepalive:
             self.keepalive = min(max(frame.keepalive, MIN_KEEPALIVE), MAX_KEEPALIVE)
         present = False
-        if frame.durable:
+        if frame.group is not None:
+            group, present = await broker.open_group(frame.group)
+            session = broker.open_session(frame.client_id)
+            session.member = group.join(session)
+        elif frame.durable:
             assert frame.client_id is not None
             session, present = await broker.open_durable(frame.client_id)
             previous = session.connection
@@ -261,10 +270,20 @@ class ClientConnection:
                 ErrorCode.INVALID_CLIENT_ID, "client_id must be 1..256 bytes of UTF-8"
             )
         if hello.group is not None:
-            return RemoteProtocolError(
-                ErrorCode.UNSUPPORTED, "shared groups are not available yet"
-            )
-        if hello.durable:
+            if not 0 < len(hello.group.encode()) <= 256:
+                return RemoteProtocolError(
+                    ErrorCode.INVALID_CLIENT_ID, "group must be 1..256 bytes of UTF-8"
+                )
+            if self.broker.store is None:
+                return RemoteProtocolError(
+                    ErrorCode.UNSUPPORTED, "shared groups need a broker started with --data-dir"
+                )
+        elif hello.durable:
+            if hello.client_id is not None and hello.client_id.startswith(GROUP_PREFIX):
+                return RemoteProtocolError(
+                    ErrorCode.INVALID_CLIENT_ID,
+                    f"client ids starting with {GROUP_PREFIX!r} name shared groups",
+                )
             if hello.client_id is None:
                 return RemoteProtocolError(
                     ErrorCode.INVALID_CLIENT_ID, "a durable session needs a client_id"
@@ -372,20 +391,24 @@ class ClientConnection:
                     session.send_control(encode_puback(frame.id))
         elif cls is Sub:
             assert isinstance(frame, Sub)
-            sub_id = broker.subscribe(session, frame.parsed)
+            owner = session.member.group.session if session.member is not None else session
+            sub_id = broker.subscribe(owner, frame.parsed)
             reply = encode_suback(frame.id, sub_id)
-            if session.durable:
-                self._later.append((self._store_filter, (session, frame.parsed, True, reply)))
+            if owner.durable:
+                self._later.append(
+                    (self._store_filter, (owner, frame.parsed, True, reply, session))
+                )
             else:
                 session.send_control(reply)
         elif cls is Unsub:
             assert isinstance(frame, Unsub)
-            ref = session.subs.get(frame.sub)
-            if broker.unsubscribe(session, frame.sub):
+            owner = session.member.group.session if session.member is not None else session
+            ref = owner.subs.get(frame.sub)
+            if broker.unsubscribe(owner, frame.sub):
                 reply = encode_unsuback(frame.id)
-                if session.durable and ref is not None and not ref.sub_ids:
+                if owner.durable and ref is not None and not ref.sub_ids:
                     flt = routing.parse_filter(ref.filter, ref.dialect)
-                    self._later.append((self._store_filter, (session, flt, False, reply)))
+                    self._later.append((self._store_filter, (owner, flt, False, reply, session)))
                 else:
                     session.send_control(reply)
             else:
@@ -404,6 +427,21 @@ class ClientConnection:
             pass  # last_heard was updated when its bytes arrived
         elif cls is Ack:
             assert isinstance(frame, Ack)
+            member = session.member
+            if member is not None:
+                settled = member.group.ack(member, frame.seq, frame.single)
+                if frame.single and not settled:
+                    self._refuse_request(
+                        session,
+                        RemoteProtocolError(
+                            ErrorCode.INVALID_ACK,
+                            f"sequence {frame.seq} is not held by this group member",
+                        ),
+                    )
+                elif settled:
+                    group_id = member.group.session.client_id
+                    self._later.append((self._store_ack_one, (group_id, settled)))
+                return None
             delivered = session.sent_upto if session.durable else session.seq
             if frame.seq > delivered:
                 self._refuse_request(
@@ -524,19 +562,25 @@ class ClientConnection:
                 session.send_control(reply)
 
     async def _store_filter(
-        self, session: Session, flt: routing.Filter, add: bool, reply: bytes
+        self, owner: Session, flt: routing.Filter, add: bool, reply: bytes, session: Session
     ) -> None:
         store = self.broker.store
         assert store is not None
         if add:
-            await store.add_filter(session.client_id, flt.text, flt.dialect)
+            await store.add_filter(owner.client_id, flt.text, flt.dialect)
         else:
-            await store.remove_filter(session.client_id, flt.text, flt.dialect)
+            await store.remove_filter(owner.client_id, flt.text, flt.dialect)
         session.send_control(reply)
 
     async def _drop_session(self, session: Session, frame: DropSession) -> None:
         dropped = await self.broker.drop_session(frame.client_id, requester=session)
         session.send_control(self.proto.send(SessionDropped(id=frame.id, dropped=dropped)))
+
+    async def _store_ack_one(self, client_id: str, seqs: list[int]) -> None:
+        store = self.broker.store
+        assert store is not None
+        for seq in seqs:
+            await store.begin_ack_one(client_id, seq)
 
     async def _store_ack(self, session: Session, seq: int) -> None:
         store = self.broker.store

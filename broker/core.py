@@ -20,6 +20,7 @@ import trio
 
 import routing
 from broker.config import BrokerConfig
+from broker.groups import Group, group_session_id
 from broker.log import get_logger
 from broker.message import Message
 from broker.session import OutboundLimits, Session, SubRef
@@ -90,6 +91,8 @@ class Broker:
         self.config = config or BrokerConfig()
         self.store = store
         self.durable: dict[str, Session] = {}
+        self.groups: dict[str, Group] = {}
+        self._creating = trio.Lock()
         self._commits_send, self._commits_receive = trio.open_memory_channel[
             tuple[Pending, list[tuple[Session, int]]]
         ](math.inf)
@@ -129,6 +132,20 @@ class Broker:
         records = await self.store.sessions()
         for record in records:
             session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
+            if record.group is not None:
+                group = self._new_group(record.group, session)
+                after = record.last_ack
+                while True:  # what no member acknowledged before the restart
+                    page = await self.store.pending(record.client_id, after, 1000)
+                    if not page:
+                        break
+                    for m in page:
+                        message = Message(m.topic, m.payload, m.headers, m.msg_id)
+                        group.queue.append((m.seq, message, 0))
+                    after = page[-1].seq
+                for text, dialect in record.filters:
+                    self.subscribe(session, routing.parse_filter(text, dialect))
+                continue
             if record.pending:
                 session.track(record.next_seq - 1, record.pending_bytes, record.pending)
             for text, dialect in record.filters:
@@ -142,14 +159,33 @@ class Broker:
         self.durable[client_id] = session
         return session
 
+    def _new_group(self, name: str, session: Session) -> Group:
+        group = Group(name, session, self.config.group_prefetch, self.counters)
+        session.group = group
+        self.groups[name] = group
+        return group
+
+    async def open_group(self, name: str) -> tuple[Group, bool]:
+        """Shared group ``name`` (its durable session created if new) and whether it existed."""
+        async with self._creating:  # two first members at once must not make two groups
+            group = self.groups.get(name)
+            if group is not None:
+                return group, True
+            assert self.store is not None
+            client_id = group_session_id(name)
+            record = await self.store.create_session(client_id, name)
+            session = self._new_durable(client_id, record.next_seq - 1, record.last_ack)
+            return self._new_group(name, session), False
+
     async def open_durable(self, client_id: str) -> tuple[Session, bool]:
         """The durable session ``client_id`` and whether it existed (session_present)."""
-        session = self.durable.get(client_id)
-        if session is not None:
-            return session, True
-        assert self.store is not None
-        record = await self.store.create_session(client_id, None)
-        return self._new_durable(client_id, record.next_seq - 1, record.last_ack), False
+        async with self._creating:  # two first connections at once: one session
+            session = self.durable.get(client_id)
+            if session is not None:
+                return session, True
+            assert self.store is not None
+            record = await self.store.create_session(client_id, None)
+            return self._new_durable(client_id, record.next_seq - 1, record.last_ack), False
 
     async def persist(self, work: DurableWork) -> Pending:
         """Queue the store append for ``work``; committed (or failed) seqs are marked by
@@ -211,6 +247,16 @@ class Broker:
                 "pending": session.backlog_messages,
                 "pending_bytes": session.backlog_bytes,
                 "quota_dropped": session.quota_dropped,
+                **(
+                    {
+                        "group": session.group.name,
+                        "members": len(session.group.members),
+                        "queued": len(session.group.queue),
+                        "redelivered": session.group.redelivered,
+                    }
+                    if session.group is not None
+                    else {}
+                ),
             }
             for session in sorted(self.durable.values(), key=lambda s: s.client_id)
         ]
@@ -318,6 +364,8 @@ class Broker:
                 if durable is None:
                     durable = []
                 durable.append((session, session.seq))
+                if session.group is not None:
+                    continue  # quotas are per ordinary session (groups ack out of order)
                 session.track(session.seq, size)
                 through, dropped = session.trim_to(
                     config.session_max_messages, config.session_max_bytes

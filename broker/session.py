@@ -34,6 +34,7 @@ from broker.errors import ErrorCode, RemoteProtocolError
 from broker.message import Message, encode_msg
 
 if TYPE_CHECKING:
+    from broker.groups import Group, Member
     from broker.stats import Counters
 
 
@@ -83,6 +84,8 @@ class Session:
         self.sent_upto = last_ack
         self.committed_upto = seq
         self.deferred = 0
+        self.group: Group | None = None  # set on a shared group's session
+        self.member: Member | None = None  # set on a group member connection's session
         # A resumed durable session sends nothing but replies until the client's first
         # request has been answered, so the client can subscribe before its backlog comes.
         self.ready = True
@@ -148,6 +151,10 @@ class Session:
         stores it; if it cannot be queued now the writer fetches it from the store later.
         """
         limits = self.limits
+        if self.group is not None:
+            self.seq += 1
+            self.group.offer(message, sub_id, self.seq)
+            return True
         if self.durable:
             self.seq += 1
             if (
@@ -187,6 +194,14 @@ class Session:
         self._queued_bytes += message.size
         self._has_data.set()
         return True
+
+    def push(self, message: Message, sub_id: int, seq: int) -> None:
+        """Queue a MSG that must not be dropped (a group member's share: its prefetch
+        window, not the queue limits, bounds how many there are)."""
+        self._outbox.append((message, sub_id, seq))
+        self._queued_messages += 1
+        self._queued_bytes += message.size
+        self._has_data.set()
 
     def send_control(self, data: bytes) -> None:
         """Queue an encoded control frame; never dropped."""

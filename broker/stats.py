@@ -19,6 +19,7 @@ class Counters:
     messages_replayed: int = 0
     quota_dropped: int = 0
     quota_rejected: int = 0
+    group_redelivered: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
     bytes_sent: int = 0
@@ -41,6 +42,7 @@ class Counters:
             "messages_replayed": self.messages_replayed,
             "quota_dropped": self.quota_dropped,
             "quota_rejected": self.quota_rejected,
+            "group_redelivered": self.group_redelivered,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "bytes_sent": self.bytes_sent,

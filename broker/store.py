@@ -1126,6 +1126,10 @@ class Store:
         """``ack``, returning once queued (the broker does not wait for ack commits)."""
         return await self._enqueue(partial(_SqliteBackend.ack, client_id=client_id, seq=seq))
 
+    async def begin_ack_one(self, client_id: str, seq: int) -> Pending:
+        """``ack_one``, returning once queued."""
+        return await self._enqueue(partial(_SqliteBackend.ack_one, client_id=client_id, seq=seq))
+
     async def ack(self, client_id: str, seq: int) -> int:
         """Cumulative ack: delete deliveries with seq <= ``seq``; how many were removed.
 

@@ -223,3 +223,30 @@ def test_sessions_and_session_drop(tmp_path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+
+
+def test_sub_group_members_share_the_messages(tmp_path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TOPIARY, "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    server = f"127.0.0.1:{port}"
+    try:
+        wait_listening(port, proc)
+        members = [
+            start_sub("--group", "g", "--count", "2", "--timeout", "10", "g/>", server=server)
+            for _ in range(2)
+        ]
+        piped = run("pub", "--confirm", "g/x", server=server, stdin="1\n2\n3\n4\n")
+        assert piped.returncode == 0, piped.stderr
+        payloads = []
+        for member in members:
+            out, err = member.communicate(timeout=15)
+            assert member.returncode == 0, err
+            payloads += [json.loads(line)["payload"] for line in out.splitlines()]
+        assert sorted(payloads) == ["1", "2", "3", "4"]  # each message to one member
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,7 @@ async def test_a_slow_durable_reader_loses_nothing(tmp_path: Path) -> None:
         ({"client_id": "", "durable": True}, "INVALID_CLIENT_ID"),
         ({"client_id": "x" * 257, "durable": True}, "INVALID_CLIENT_ID"),
         ({"durable": True}, "INVALID_CLIENT_ID"),
-        ({"client_id": "g", "group": "workers"}, "UNSUPPORTED"),
+        ({"client_id": "g", "group": ""}, "INVALID_CLIENT_ID"),
     ],
 )
 async def test_bad_durable_hellos_are_refused(tmp_path: Path, hello: dict, code: str) -> None:
@@ -277,3 +278,59 @@ async def test_a_client_can_end_its_own_session_and_carry_on(tmp_path: Path) -> 
                 (message,) = await take(sub, 1)
                 assert message.payload == b"still live"
                 assert await c.sessions() == []
+
+
+async def member(address, name: str, seen: dict, stop: trio.Event, *, die_after=None) -> None:
+    """A group member that processes (records, then acks) each message it gets."""
+    async with connect(address, client_id=name, group="workers") as c:
+        async with c.subscribe("jobs/>") as sub:
+            count = 0
+            while not stop.is_set():
+                with trio.move_on_after(0.2):
+                    message = await sub.get()
+                    if die_after is not None and count >= die_after:
+                        return  # killed mid-stream: this one is never acked
+                    seen.setdefault(message.payload.decode(), []).append(name)
+                    await c.ack(message.seq, single=True)
+                    count += 1
+
+
+async def test_shared_group_survives_a_member_dying_mid_stream(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path), group_prefetch=8) as server:
+        address = server.addresses[0]
+        seen: dict[str, list[str]] = {}
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(member, address, "m1", seen, stop)
+            nursery.start_soon(member, address, "m2", seen, stop)
+            nursery.start_soon(partial(member, address, "m3", seen, stop, die_after=20))
+            await trio.sleep(0.3)
+            payloads = [f"job-{i}" for i in range(300)]
+            await publish(address, "jobs/x", payloads)
+            with trio.fail_after(20):
+                while set(seen) != set(payloads):
+                    await trio.sleep(0.05)
+            await trio.sleep(0.3)
+            stop.set()
+        async with connect(address) as admin:
+            (info,) = await admin.sessions()
+            stats = await admin.stats()
+    assert set(seen) == set(payloads)  # every job processed by some member, none lost
+    assert {name for names in seen.values() for name in names} == {"m1", "m2", "m3"}
+    redone = sum(len(names) - 1 for names in seen.values())
+    assert redone == 0  # processed (acked) once each: only unacked messages are redelivered
+    assert 1 <= stats["group_redelivered"] <= 8  # m3's window at most
+    assert (info["group"], info["queued"]) == ("workers", 0)
+
+
+async def test_a_group_member_never_holds_more_than_its_window(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path), group_prefetch=4) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="slow", group="w2") as c:
+            async with c.subscribe("w/>", buffer=100) as sub:
+                await publish(address, "w/x", [str(i) for i in range(20)])
+                first = await take(sub, 4)
+                assert await quiet(sub)  # the window is full until something is acked
+                await c.ack(first[0].seq, single=True)
+                (fifth,) = await take(sub, 1)
+                assert fifth.payload == b"4"

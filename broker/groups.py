@@ -1,0 +1,108 @@
+"""Shared groups: N instances of one service share one durable session.
+
+The group's session is an ordinary durable session as far as routing and the
+store are concerned (its filters are in the table, its messages are stored
+with sequence numbers). What differs is who reads it: each message goes to
+exactly one connected member, round robin among the members that have room
+in their prefetch window; a member acknowledges each message on its own
+(ACK single, or cumulative over what it holds); when a member leaves, the
+messages it held but had not acknowledged go back to the front of the queue
+for the others, counted as redeliveries. So every message is processed by
+some member at least once, and a member never holds more than its window.
+
+The queue holds the messages not yet handed to a member: those routed while
+the broker runs, and those found in the store at start-up.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from broker.message import Message
+
+if TYPE_CHECKING:
+    from broker.session import Session
+    from broker.stats import Counters
+
+GROUP_PREFIX = "$group/"
+
+
+def group_session_id(name: str) -> str:
+    """The store id of group ``name``'s shared session."""
+    return f"{GROUP_PREFIX}{name}"
+
+
+class Member:
+    __slots__ = ("group", "inflight", "session")
+
+    def __init__(self, group: Group, session: Session) -> None:
+        self.group = group
+        self.session = session  # the member connection's own outbound queue
+        self.inflight: dict[int, tuple[Message, int]] = {}
+
+
+class Group:
+    def __init__(self, name: str, session: Session, prefetch: int, counters: Counters) -> None:
+        self.name = name
+        self.session = session  # the shared durable session: filters, seqs, store rows
+        self.prefetch = prefetch
+        self.counters = counters
+        self.queue: deque[tuple[int, Message, int]] = deque()
+        self.members: list[Member] = []
+        self._next = 0
+        self.redelivered = 0
+
+    def offer(self, message: Message, sub_id: int, seq: int) -> None:
+        self.queue.append((seq, message, sub_id))
+        self.dispatch()
+
+    def join(self, session: Session) -> Member:
+        member = Member(self, session)
+        self.members.append(member)
+        self.dispatch()
+        return member
+
+    def leave(self, member: Member) -> int:
+        """``member`` is gone: what it held goes back to the front of the queue."""
+        if member in self.members:
+            self.members.remove(member)
+        held = sorted(member.inflight.items())
+        member.inflight.clear()
+        for seq, (message, sub_id) in reversed(held):
+            self.queue.appendleft((seq, message, sub_id))
+        self.redelivered += len(held)
+        self.counters.group_redelivered += len(held)
+        self.dispatch()
+        return len(held)
+
+    def ack(self, member: Member, seq: int, single: bool) -> list[int]:
+        """The seqs this ack settles (only ones ``member`` holds)."""
+        if single:
+            done = [seq] if seq in member.inflight else []
+        else:
+            done = [s for s in member.inflight if s <= seq]
+        for s in done:
+            del member.inflight[s]
+        if done:
+            self.dispatch()
+        return done
+
+    def dispatch(self) -> None:
+        """Hand queued messages to members with room, round robin."""
+        members = self.members
+        while self.queue and members:
+            for _ in range(len(members)):
+                self._next %= len(members)
+                member = members[self._next]
+                self._next += 1
+                if len(member.inflight) < self.prefetch:
+                    seq, message, sub_id = self.queue.popleft()
+                    member.inflight[seq] = (message, sub_id)
+                    member.session.push(message, sub_id, seq)
+                    break
+            else:
+                return  # every member's window is full
+
+    def holds(self, member: Member, seq: int) -> bool:
+        return seq in member.inflight
