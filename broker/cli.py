@@ -192,6 +192,10 @@ def _describe(exc: BaseException) -> str:
         return f"cannot reach the broker: {exc.strerror or exc}"
     if isinstance(exc, trio.TooSlowError):
         return "timed out"
+    from broker.store import StoreError
+
+    if isinstance(exc, StoreError):
+        return str(exc)
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         return _describe(exc.exceptions[0])
     return f"{type(exc).__name__}: {exc}"

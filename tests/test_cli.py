@@ -250,3 +250,14 @@ def test_sub_group_members_share_the_messages(tmp_path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+
+
+def test_a_corrupt_database_stops_serve_with_one_line(tmp_path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "topiary.db").write_bytes(b"this is not a database" * 100)
+    result = run("serve", "--port", str(free_port()), "--data-dir", str(data))
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("topiary serve: cannot open ") and "topiary.db" in line
+    assert "Traceback" not in result.stderr

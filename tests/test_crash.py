@@ -30,7 +30,7 @@ import trio
 
 from broker.client import connect
 
-ROUNDS = int(os.environ.get("TOPIARY_CRASH_ROUNDS", "8"))
+ROUNDS = int(os.environ.get("TOPIARY_CRASH_ROUNDS", "20"))
 TIME_BUDGET = 60.0  # seconds for all rounds together
 SESSIONS = ("crash-a", "crash-b")
 
