@@ -46,3 +46,17 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 def test_booleans_are_not_numbers() -> None:
     with pytest.raises(ConfigError, match="port must be int"):
         BrokerConfig(port=True)
+
+
+def test_the_documented_config_file_is_valid(tmp_path: Path) -> None:
+    import re
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+    block = re.search(r"```toml\n(.*?)```", docs.read_text(), re.S)
+    assert block is not None
+    config = build_config(write(tmp_path, block.group(1)))
+    assert (config.overflow, config.group_prefetch, config.auth_token) == (
+        "drop-oldest",
+        64,
+        "secret",
+    )
