@@ -360,11 +360,12 @@ class _SqliteBackend:
     # -- batches -------------------------------------------------------------------------------
 
     def run_batch(self, works: Sequence[_Work]) -> tuple[bool, list[_Outcome]]:
-        """Run ``works`` in one transaction, each in a savepoint; commit.
+        """Run ``works`` in one transaction and commit; a failing operation is rolled back
+        alone (the batch runs again with a savepoint per operation).
 
-        Returns whether the transaction committed, and one outcome per operation. A failing
-        operation is rolled back alone. If the transaction itself fails (BEGIN or COMMIT, or
-        SQLite rolled everything back after an I/O error), every operation fails.
+        Returns whether the transaction committed, and one outcome per operation. If the
+        transaction itself fails (BEGIN or COMMIT, or SQLite rolled everything back after an
+        I/O error), every operation fails.
         """
         if self.closed:
             return self._fail_all(works, "the store is closed")
@@ -374,6 +375,49 @@ class _SqliteBackend:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             return self._fail_all(works, f"cannot start a transaction ({exc})")
+        outcomes = self._run_optimistically(works, before)
+        if outcomes is None:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                return self._fail_all(works, f"cannot restart the transaction ({exc})")
+            outcomes = self._run_isolated(works, before)
+            if outcomes is None:
+                return self._fail_all(works, "transaction rolled back")
+        try:
+            self._prune_published()
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._restore(before)
+            return self._fail_all(works, f"commit failed ({exc})")
+        return True, outcomes
+
+    def _run_optimistically(
+        self, works: Sequence[_Work], before: _RowCounts
+    ) -> list[_Outcome] | None:
+        """Run the batch without a savepoint per operation: nearly always nothing fails,
+        and two statements per operation are a third of an append. If one fails, undo
+        the whole batch and return None so that it runs again, isolated."""
+        conn = self.conn
+        outcomes: list[_Outcome] = []
+        try:
+            for work in works:
+                outcomes.append((True, work(self)))
+        except Exception:
+            self._restore(before)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return None
+        return outcomes
+
+    def _run_isolated(
+        self, works: Sequence[_Work], before: _RowCounts
+    ) -> list[_Outcome] | None:
+        """Each operation in its own savepoint, so a failing one is rolled back alone;
+        None when the whole transaction was lost."""
+        conn = self.conn
         outcomes: list[_Outcome] = []
         for work in works:
             counts = self.counts()
@@ -384,20 +428,12 @@ class _SqliteBackend:
                 self._restore(counts)
                 if not self._rollback_savepoint():
                     self._restore(before)
-                    return self._fail_all(works, f"transaction rolled back ({exc})")
+                    return None
                 outcomes.append((False, _as_store_error(exc)))
             else:
                 conn.execute("RELEASE op")
                 outcomes.append((True, value))
-        try:
-            self._prune_published()
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            self._restore(before)
-            return self._fail_all(works, f"commit failed ({exc})")
-        return True, outcomes
+        return outcomes
 
     def run(self, work: _Work) -> Any:
         """Run one operation in its own transaction; return its value or raise its error."""
