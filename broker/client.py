@@ -52,7 +52,6 @@ from broker.frames import (
     Msg,
     Ping,
     Pong,
-    Pub,
     PubAck,
     SessionDropped,
     Sessions,
@@ -136,8 +135,8 @@ def parse_server(server: str | tuple[str, int]) -> tuple[str, int]:
 class _Waiter:
     __slots__ = ("done", "error", "frame", "request")
 
-    def __init__(self, request: Frame | None) -> None:
-        self.request = request  # resent after a reconnect when not None
+    def __init__(self, request: Frame | bytes | None) -> None:
+        self.request = request  # resent after a reconnect when not None (bytes: as they are)
         self.done = trio.Event()
         self.frame: Frame | None = None
         self.error: Exception | None = None
@@ -329,7 +328,10 @@ class Client:
             self._write(Sub(id=request_id, filter=sub.filter, dialect=sub.dialect))
             self._renewals[request_id] = sub
         for _request_id, waiter in pending:
-            if waiter.request is not None:
+            if isinstance(waiter.request, bytes):
+                self._out += waiter.request
+                self._out_ready.set()
+            elif waiter.request is not None:
                 self._write(waiter.request)
 
     async def _session(self) -> Exception | None:
@@ -483,11 +485,6 @@ class Client:
             not isinstance(msg_id, str) or len(msg_id.encode("utf-8")) > MAX_MSG_ID_BYTES
         ):
             raise ValueError(f"msg_id must be a str of at most {MAX_MSG_ID_BYTES} bytes")
-        if confirm:
-            await self._request(
-                lambda rid: Pub(topic=topic, payload=data, headers=headers, id=rid, msg_id=msg_id)
-            )
-            return
         if self._failure is not None or self._closing or not self._connected.is_set():
             await self._ready()
         # The hot path of a publisher: the topic is checked above and the other fields
@@ -497,6 +494,17 @@ class Client:
             wire["headers"] = headers
         if msg_id is not None:
             wire["msg_id"] = msg_id
+        if confirm:
+            request_id = next(self._ids)
+            wire["id"] = request_id
+            body = _packb(wire)
+            raw = len(body).to_bytes(4, "big") + body
+            waiter = _Waiter(raw)  # sent again as it is after a reconnect
+            self._waiters[request_id] = waiter
+            self._out += raw
+            self._out_ready.set()
+            await waiter.wait()
+            return
         body = _packb(wire)
         out = self._out
         out += len(body).to_bytes(4, "big")

@@ -404,6 +404,20 @@ class Broker:
                 "queued": sum(s.queued for s in self.sessions.values()),
             }
         )
+        if self.store is not None:
+            store = self.store.statistics()
+            snapshot["store"] = {
+                "batches": store.batches_committed,
+                "operations": store.operations,
+                "operations_failed": store.operations_failed,
+                "mean_batch": round(store.mean_batch_size, 2),
+                "max_batch": store.max_batch_size,
+                "last_commit_ms": round(store.last_commit_ms, 3),
+                "queued": store.queued_operations,
+                "db_bytes": store.db_size_bytes,
+                "messages": store.messages,
+                "deliveries": store.deliveries,
+            }
         return snapshot
 
 
