@@ -334,6 +334,15 @@ class Broker:
         if not targets:
             counters.messages_unrouted += 1
             return None
+        if len(targets) == 1:  # the common case, when it needs nothing of the store
+            (ref,) = targets
+            session = ref.session
+            if not session.durable:
+                message = Message(topic, payload, headers, msg_id or self.next_msg_id())
+                if session.deliver(message, ref.sub_ids[0]):
+                    counters.messages_out += 1
+                    counters.bytes_out += message.size
+                return None
         sessions: dict[int, tuple[Session, int]] = {}
         for ref in targets:
             session = ref.session
