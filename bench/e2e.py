@@ -124,6 +124,7 @@ import msgpack  # noqa: E402
 import trio  # noqa: E402
 
 from bench import workload  # noqa: E402
+from bench.common import file_system  # noqa: E402
 from bench.common import machine_info as common_machine_info  # noqa: E402
 from broker.client import BrokerError, connect  # noqa: E402
 from broker.frames import (  # noqa: E402
@@ -1314,25 +1315,6 @@ def run_subscribe_scenario(
     return result
 
 
-def filesystem_of(path: Path) -> str | None:
-    """The type of the filesystem holding ``path`` (ext4, tmpfs, ...), from /proc/self/mounts."""
-    target = str(path.resolve())
-    best, kind = "", None
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1]
-                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, kind = mount, fields[2]
-    except OSError:
-        return None
-    return kind
-
-
 def directory_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
@@ -1516,7 +1498,7 @@ def run_durable_scenario(
     started = time.monotonic()
     data_dir = Path(tempfile.mkdtemp(prefix=f"topiary-e2e-{name}-"))
     result["data_dir"] = str(data_dir)
-    result["data_dir_filesystem"] = filesystem_of(data_dir)
+    result["data_dir_filesystem"] = file_system(data_dir)
     try:
         broker = start_broker(log_dir / f"{name}.log", _profile_path(profile_dir, name), data_dir)
         result["broker_pid"] = broker.pid

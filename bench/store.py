@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import sqlite3
 import statistics
@@ -43,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import file_system  # noqa: E402
+from bench.common import machine_info as common_machine_info  # noqa: E402
 from broker.store import Store  # noqa: E402
 
 CONCURRENCY = (1, 10, 100)
@@ -231,35 +231,10 @@ def check_goals(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def file_system(path: Path) -> str:
-    """The type of the file system holding ``path`` (longest mount point in /proc/mounts)."""
-    best, kind = "", "unknown"
-    target = str(path.resolve())
-    try:
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1]
-                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, kind = mount, fields[2]
-    except OSError:
-        pass
-    return kind
-
-
 def machine_info(data_root: Path) -> dict[str, Any]:
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "sqlite": sqlite3.sqlite_version,
-        "data_dir_file_system": file_system(data_root),
-    }
+    return common_machine_info(
+        sqlite=sqlite3.sqlite_version, data_dir_file_system=file_system(data_root)
+    )
 
 
 # -- command line -------------------------------------------------------------------------------

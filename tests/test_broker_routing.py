@@ -7,23 +7,9 @@ import trio
 from broker.client import BrokerError, connect
 from broker.server import Server
 from tests.conftest import running_broker
+from tests.streams import quiet, take
 
 Address = tuple[str, int]
-
-
-async def drain(sub, count: int, seconds: float = 5.0) -> list:
-    got = []
-    with trio.fail_after(seconds):
-        while len(got) < count:
-            got.append(await sub.get())
-    return got
-
-
-async def nothing_more(sub, seconds: float = 0.2) -> bool:
-    with trio.move_on_after(seconds):
-        await sub.get()
-        return False
-    return True
 
 
 async def test_native_wildcards_route_end_to_end(address: Address) -> None:
@@ -40,12 +26,12 @@ async def test_native_wildcards_route_end_to_end(address: Address) -> None:
             "beacon/eu/de/site42",  # '>' needs one more level
         ]:
             await publisher.publish(topic, topic, confirm=True)
-        got = await drain(sub, 2)
+        got = await take(sub, 2)
         assert [m.topic for m in got] == [
             "beacon/eu/de/site42/checkout/purchase",
             "beacon/na/de/site4/home/view",
         ]
-        assert await nothing_more(sub)
+        assert await quiet(sub)
 
 
 async def test_mqtt_wildcards_route_end_to_end(address: Address) -> None:
@@ -56,15 +42,15 @@ async def test_mqtt_wildcards_route_end_to_end(address: Address) -> None:
     ):
         for topic in ["beacon/eu/de", "beacon/eu/de/x/y", "beacon/eu/fr/x", "beacon/de"]:
             await publisher.publish(topic, b"", confirm=True)
-        got = await drain(sub, 2)
+        got = await take(sub, 2)
         assert [m.topic for m in got] == ["beacon/eu/de", "beacon/eu/de/x/y"]
-        assert await nothing_more(sub)
+        assert await quiet(sub)
 
 
 async def test_payload_headers_and_ids_arrive_intact(address: Address) -> None:
     async with connect(address) as c, c.subscribe("a/>") as sub:
         await c.publish("a/b", b"\x00\xffbytes", headers={"k": "v"}, msg_id="m-1", confirm=True)
-        (message,) = await drain(sub, 1)
+        (message,) = await take(sub, 1)
         assert message.payload == b"\x00\xffbytes"
         assert (message.headers, message.id) == ({"k": "v"}, "m-1")
         assert message.seq == 1
@@ -73,8 +59,8 @@ async def test_payload_headers_and_ids_arrive_intact(address: Address) -> None:
 async def test_overlapping_subscriptions_get_one_message_each(address: Address) -> None:
     async with connect(address) as c, c.subscribe("a/>") as wide, c.subscribe("a/b") as narrow:
         await c.publish("a/b", b"x", confirm=True)
-        (w,) = await drain(wide, 1)
-        (n,) = await drain(narrow, 1)
+        (w,) = await take(wide, 1)
+        (n,) = await take(narrow, 1)
         assert w.seq == n.seq == 1  # one MSG from the broker, routed to both locally
         stats = await c.stats()
         assert stats["messages_out"] == 1
@@ -84,11 +70,11 @@ async def test_unsubscribe_stops_delivery(address: Address) -> None:
     async with connect(address) as c, connect(address) as publisher:
         async with c.subscribe("a/*") as sub:
             await publisher.publish("a/1", b"", confirm=True)
-            await drain(sub, 1)
+            await take(sub, 1)
         async with c.subscribe("zzz") as other:
             await publisher.publish("a/2", b"", confirm=True)
             await publisher.publish("zzz", b"", confirm=True)
-            (only,) = await drain(other, 1)
+            (only,) = await take(other, 1)
             assert only.topic == "zzz"
         stats = await c.stats()
         assert stats["subscriptions"] == 0
@@ -108,7 +94,7 @@ async def test_per_publisher_order_is_kept_per_topic(address: Address) -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(publish, p1, "one")
                 nursery.start_soon(publish, p2, "two")
-        got = await drain(sub, 2 * n)
+        got = await take(sub, 2 * n)
         for name in ("one", "two"):
             seen = [int(m.payload) for m in got if m.topic == f"order/{name}"]
             assert seen == list(range(n))
@@ -126,9 +112,9 @@ async def test_many_clients_concurrently(address: Address) -> None:
         expected = publishers * per_publisher if i % 2 == 0 else publishers * per_publisher // 2
         async with connect(address) as c, c.subscribe(flt, dialect) as sub:
             ready.release()
-            for message in await drain(sub, expected, seconds=20):
+            for message in await take(sub, expected, seconds=20):
                 received[i].append(message.topic)
-            assert await nothing_more(sub)
+            assert await quiet(sub)
 
     async def publisher(j: int) -> None:
         async with connect(address) as p:
@@ -153,7 +139,7 @@ async def test_publish_with_confirm_returns_after_routing(address: Address) -> N
         await c.publish("x", b"1", confirm=True)
         stats = await c.stats()
         assert stats["messages_in"] == 1 and stats["messages_out"] == 1
-        await drain(sub, 1)
+        await take(sub, 1)
 
 
 async def test_invalid_filter_is_refused_locally_and_by_the_broker(address: Address) -> None:
@@ -180,7 +166,7 @@ async def test_stats_count_connections_and_messages(server: Server) -> None:
     async with connect(address) as c, c.subscribe("s/>") as sub:
         await c.publish("s/1", b"abc", confirm=True)
         await c.publish("t/1", b"abc", confirm=True)
-        await drain(sub, 1)
+        await take(sub, 1)
         stats = await c.stats()
     assert stats["connections"] == 1
     assert stats["messages_in"] == 2
@@ -230,9 +216,9 @@ async def test_a_repeated_msg_id_is_dropped_and_still_confirmed(address: Address
         await c.publish("dup/a", b"first", msg_id="order-17", confirm=True)
         await c.publish("dup/a", b"retry", msg_id="order-17", confirm=True)
         await c.publish("dup/a", b"other", msg_id="order-18", confirm=True)
-        got = await drain(sub, 2)
+        got = await take(sub, 2)
         assert [m.payload for m in got] == [b"first", b"other"]
-        assert await nothing_more(sub)
+        assert await quiet(sub)
         assert (await c.stats())["duplicates_dropped"] == 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -35,11 +36,13 @@ def wait_listening(port: int, proc: subprocess.Popen, seconds: float = 10) -> No
     raise AssertionError("broker did not start listening")
 
 
-@pytest.fixture
-def broker() -> Iterator[str]:
+@contextlib.contextmanager
+def serving(*extra: str) -> Iterator[str]:
+    """``topiary serve`` on a free port as a real process; stopped with SIGTERM, which must
+    exit 0."""
     port = free_port()
     proc = subprocess.Popen(
-        [*TOPIARY, "serve", "--port", str(port), "--log-format", "json"],
+        [*TOPIARY, "serve", "--port", str(port), "--log-format", "json", *extra],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -49,10 +52,16 @@ def broker() -> Iterator[str]:
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=10)
+            assert proc.wait(timeout=10) == 0
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
+
+
+@pytest.fixture
+def broker() -> Iterator[str]:
+    with serving() as server:
+        yield server
 
 
 def run(*args: str, server: str | None = None, stdin: str | None = None, timeout: float = 20):
@@ -170,15 +179,7 @@ def test_serve_stops_cleanly_on_sigint(broker: str) -> None:
 
 
 def test_durable_sub_gets_what_was_published_while_it_was_away(tmp_path) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [*TOPIARY, "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    server = f"127.0.0.1:{port}"
-    try:
-        wait_listening(port, proc)
+    with serving("--data-dir", str(tmp_path / "data")) as server:
         durable = ["--client-id", "cli-1", "--durable", "--count", "1", "--timeout", "10"]
         first = start_sub(*durable, "away/>", server=server)
         assert run("pub", "--confirm", "away/1", "seen", server=server).returncode == 0
@@ -188,9 +189,6 @@ def test_durable_sub_gets_what_was_published_while_it_was_away(tmp_path) -> None
         second = run(*["sub", *durable, "away/>"], server=server)
         assert second.returncode == 0, second.stderr
         assert json.loads(second.stdout)["payload"] == "missed"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
 
 
 def test_durable_sub_needs_a_client_id() -> None:
@@ -200,15 +198,7 @@ def test_durable_sub_needs_a_client_id() -> None:
 
 
 def test_sessions_and_session_drop(tmp_path) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [*TOPIARY, "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    server = f"127.0.0.1:{port}"
-    try:
-        wait_listening(port, proc)
+    with serving("--data-dir", str(tmp_path / "data")) as server:
         sub = run("sub", "--client-id", "op", "--durable", "--timeout", "0.3", "s/>", server=server)
         assert sub.returncode == 0, sub.stderr
         listed = run("sessions", server=server)
@@ -220,21 +210,10 @@ def test_sessions_and_session_drop(tmp_path) -> None:
         assert missing.returncode == 1
         assert missing.stderr.strip() == "topiary session drop: no durable session 'op'"
         assert json.loads(run("sessions", server=server).stdout) == []
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
 
 
 def test_sub_group_members_share_the_messages(tmp_path) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [*TOPIARY, "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    server = f"127.0.0.1:{port}"
-    try:
-        wait_listening(port, proc)
+    with serving("--data-dir", str(tmp_path / "data")) as server:
         members = [
             start_sub("--group", "g", "--count", "2", "--timeout", "10", "g/>", server=server)
             for _ in range(2)
@@ -247,9 +226,6 @@ def test_sub_group_members_share_the_messages(tmp_path) -> None:
             assert member.returncode == 0, err
             payloads += [json.loads(line)["payload"] for line in out.splitlines()]
         assert sorted(payloads) == ["1", "2", "3", "4"]  # each message to one member
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
 
 
 def test_a_corrupt_database_stops_serve_with_one_line(tmp_path) -> None:

@@ -11,22 +11,8 @@ import trio
 from broker.client import BrokerError, connect
 from broker.frames import PROTOCOL_VERSION
 from tests.conftest import running_broker
+from tests.streams import quiet, take
 from tests.wire import RawClient, frame
-
-
-async def take(sub, count: int, seconds: float = 10.0) -> list:
-    got = []
-    with trio.fail_after(seconds):
-        while len(got) < count:
-            got.append(await sub.get())
-    return got
-
-
-async def quiet(sub, seconds: float = 0.3) -> bool:
-    with trio.move_on_after(seconds):
-        await sub.get()
-        return False
-    return True
 
 
 async def publish(address, topic: str, payloads: list[str]) -> None:
