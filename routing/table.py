@@ -81,7 +81,10 @@ class SubscriptionTable:
         # plain dict finds an existing group without a pygtrie walk.
         self._by_path: pygtrie.Trie = pygtrie.Trie()
         self._groups: dict[tuple[str, ...], dict[Filter, None]] = {}
-        self._by_subscriber: dict[Hashable, set[Filter]] = {}
+        # subscriber -> its Filter, or a set once it holds two: most subscribers hold one
+        # (every broker subscription is its own subscriber), and a set per entry costs
+        # ~200 bytes and an allocation the GC must track
+        self._by_subscriber: dict[Hashable, Filter | set[Filter]] = {}
         self._entries = 0
         self._cold_matches = 0
         self.generation = 0
@@ -97,7 +100,7 @@ class SubscriptionTable:
         dialect = rest[0] if rest else NATIVE
         record = self._records.get((text, dialect))
         held = self._by_subscriber.get(subscriber)
-        return record is not None and held is not None and record.filter in held
+        return record is not None and _holds(held, record.filter)
 
     def add(self, filter: str | Filter, subscriber: Hashable, dialect: str = NATIVE) -> bool:
         """Subscribe; True if the (filter, subscriber) pair is new.
@@ -112,11 +115,14 @@ class SubscriptionTable:
         else:
             flt = record.filter
             held = self._by_subscriber.get(subscriber)
-            if held is not None and flt in held:
+            if _holds(held, flt):
                 return False
         if held is None:
-            held = self._by_subscriber[subscriber] = set()
-        held.add(flt)
+            self._by_subscriber[subscriber] = flt
+        elif held.__class__ is set:
+            held.add(flt)  # type: ignore[union-attr]
+        else:
+            self._by_subscriber[subscriber] = {held, flt}  # type: ignore[arg-type]
         if record is None:
             record = self._records[(text, dialect)] = _FilterRecord(flt)
             self._index_filter(flt)
@@ -136,11 +142,14 @@ class SubscriptionTable:
             return False
         flt = record.filter
         held = self._by_subscriber.get(subscriber)
-        if held is None or flt not in held:
+        if not _holds(held, flt):
             return False
-        held.discard(flt)
-        if not held:
+        if held is flt:
             del self._by_subscriber[subscriber]
+        else:
+            held.discard(flt)  # type: ignore[union-attr]
+            if not held:
+                del self._by_subscriber[subscriber]
         record.holders -= 1
         if not record.holders:
             del self._records[(text, dialect)]
@@ -153,7 +162,7 @@ class SubscriptionTable:
 
     def remove_subscriber(self, subscriber: Hashable) -> int:
         """Drop every filter ``subscriber`` holds; returns how many."""
-        held = self._by_subscriber.get(subscriber)
+        held = _as_set(self._by_subscriber.get(subscriber))
         if not held:
             return 0
         count = 0
@@ -185,13 +194,11 @@ class SubscriptionTable:
 
     def filters_of(self, subscriber: Hashable) -> frozenset[str]:
         """The filter strings ``subscriber`` holds (in any dialect)."""
-        held = self._by_subscriber.get(subscriber)
-        return frozenset(f.text for f in held) if held else frozenset()
+        return frozenset(f.text for f in _as_set(self._by_subscriber.get(subscriber)))
 
     def subscriptions_of(self, subscriber: Hashable) -> frozenset[Filter]:
         """The parsed filters ``subscriber`` holds, dialect included."""
-        held = self._by_subscriber.get(subscriber)
-        return frozenset(held) if held else frozenset()
+        return frozenset(_as_set(self._by_subscriber.get(subscriber)))
 
     def subscribers(self) -> Iterator[Hashable]:
         return iter(list(self._by_subscriber))
@@ -272,6 +279,22 @@ class SubscriptionTable:
         if not group:
             del self._groups[key]
             del self._by_path[key]
+
+
+def _holds(held: Filter | set[Filter] | None, flt: Filter) -> bool:
+    if held is None:
+        return False
+    if held.__class__ is set:
+        return flt in held  # type: ignore[operator]
+    return held is flt
+
+
+def _as_set(held: Filter | set[Filter] | None) -> set[Filter] | tuple[Filter, ...]:
+    if held is None:
+        return ()
+    if held.__class__ is set:
+        return held  # type: ignore[return-value]
+    return (held,)  # type: ignore[return-value]
 
 
 def _literal_head(flt: Filter) -> tuple[str, ...]:
