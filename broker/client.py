@@ -19,6 +19,12 @@ Writes go through one buffer drained by a writer task, so a fast publisher
 puts many frames in each ``send_all``; a publisher that outruns the socket
 waits in ``publish`` once the buffer is over ``WRITE_BUFFER_LIMIT`` bytes.
 
+A resumed durable session's backlog follows the SUBACK of the client's first
+subscription and lands in that subscription (waiting for room in its
+buffer). Subscribe to a durable session's filters one at a time and read as
+you go, or give the first subscription a buffer as large as the backlog: a
+second ``subscribe`` waits for its SUBACK behind the first one's messages.
+
 With ``reconnect=True`` a lost connection is re-established with exponential
 backoff and jitter; subscriptions are renewed and unconfirmed confirmed
 publishes are sent again (with the same message id, so a broker that keeps
