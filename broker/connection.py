@@ -219,13 +219,23 @@ class ClientConnection:
         if frame.keepalive:
             self.keepalive = min(max(frame.keepalive, MIN_KEEPALIVE), MAX_KEEPALIVE)
         present = False
+        try:
+            if frame.group is not None:
+                group, present = await broker.open_group(frame.group)
+            elif frame.durable:
+                assert frame.client_id is not None
+                durable, present = await broker.open_durable(frame.client_id)
+        except StoreError as exc:
+            broker.counters.store_errors += 1
+            await self._refuse(
+                RemoteProtocolError(ErrorCode.INTERNAL, f"storage failed: {exc}")
+            )
+            return None
         if frame.group is not None:
-            group, present = await broker.open_group(frame.group)
             session = broker.open_session(frame.client_id)
             session.member = group.join(session)
         elif frame.durable:
-            assert frame.client_id is not None
-            session, present = await broker.open_durable(frame.client_id)
+            session = durable
             previous = session.connection
             if previous is not None:
                 previous.take_over()  # type: ignore[attr-defined]
@@ -347,7 +357,12 @@ class ClientConnection:
                 if problem is not None:
                     return problem
                 if self._later:
-                    await self._run_later()
+                    try:
+                        await self._run_later()
+                    except StoreError as exc:  # this client's request; others carry on
+                        self.broker.counters.store_errors += 1
+                        log.error("store failed", client=session.client_id, error=str(exc))
+                        return RemoteProtocolError(ErrorCode.INTERNAL, f"storage failed: {exc}")
                 if not session.ready:  # its first request is answered: the backlog may come
                     session.ready = True
                     session.wake()

@@ -320,3 +320,24 @@ async def test_a_group_member_never_holds_more_than_its_window(tmp_path: Path) -
                 await c.ack(first[0].seq, single=True)
                 (fifth,) = await take(sub, 1)
                 assert fifth.payload == b"4"
+
+
+async def test_a_store_failure_closes_only_the_client_it_hit(tmp_path: Path, monkeypatch) -> None:
+    from broker.store import Store, StoreError
+
+    async def broken(self, *args, **kwargs):
+        raise StoreError("disk on fire")
+
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        monkeypatch.setattr(Store, "add_filter", broken)
+        async with connect(address, client_id="unlucky", durable=True) as c:
+            with pytest.raises(BrokerError) as info:
+                async with c.subscribe("f/>"):
+                    pass
+            assert info.value.code == "INTERNAL" and "disk on fire" in info.value.text
+        monkeypatch.undo()
+        async with connect(address) as other, other.subscribe("f/>") as sub:
+            await publish(address, "f/1", ["still serving"])
+            assert (await take(sub, 1))[0].payload == b"still serving"
+            assert (await other.stats())["store_errors"] == 1
