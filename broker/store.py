@@ -68,6 +68,7 @@ pending until a cumulative ack covers it.
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
 import sqlite3
@@ -77,7 +78,7 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import msgpack
 import trio
@@ -767,6 +768,34 @@ def _as_store_error(exc: Exception) -> Exception:
     return exc
 
 
+LOCK_FILENAME = "topiary.lock"
+
+
+def _lock_directory(directory: Path) -> IO[str]:
+    """Take the data directory for this process: two brokers on one store would each
+    think they own its sessions. The lock is released when the file is closed, also when
+    the process dies, so a kill -9 leaves nothing to clean up."""
+    path = directory / LOCK_FILENAME
+    try:
+        handle = open(path, "a+")  # noqa: SIM115 - held open for the store's lifetime
+    except OSError as exc:
+        raise StoreError(f"cannot open lock file {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise StoreError(
+            f"data directory {directory} is in use by {owner}: one broker per data directory"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 def _fsync_directory(directory: str) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -914,6 +943,25 @@ class Store:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create data directory {directory}: {exc.strerror}") from None
+        lock = _lock_directory(directory)
+        try:
+            async with cls._open_locked(
+                directory, retention_seconds, dedup_window, max_batch, max_queued
+            ) as store:
+                yield store
+        finally:
+            lock.close()  # closing the file releases the lock
+
+    @classmethod
+    @asynccontextmanager
+    async def _open_locked(
+        cls,
+        directory: Path,
+        retention_seconds: float,
+        dedup_window: int,
+        max_batch: int,
+        max_queued: int,
+    ) -> AsyncIterator[Store]:
         limiter = trio.CapacityLimiter(1)
         backend = await trio.to_thread.run_sync(
             partial(

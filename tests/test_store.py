@@ -794,3 +794,15 @@ async def test_begin_append_queues_without_waiting_and_commits_in_call_order(tmp
         assert [await h.wait() for h in handles] == [True] * 50
         assert await ack.wait() == 10
         assert [m.seq for m in await store.pending("s", 0, 100)] == list(range(11, 51))
+
+
+async def test_a_second_store_on_the_same_directory_is_refused(tmp_path) -> None:
+    from broker.store import Store, StoreError
+
+    async with Store.open(tmp_path) as store:
+        await store.create_session("s", None)
+        with pytest.raises(StoreError, match="in use by pid"):
+            async with Store.open(tmp_path):
+                pass
+    async with Store.open(tmp_path) as again:  # released on close
+        assert await again.session("s") is not None
