@@ -55,6 +55,7 @@ from broker.store import Pending, StoreError
 
 if TYPE_CHECKING:
     from broker.core import Broker, DurableWork
+    from broker.groups import Group
 
 from broker.core import QuotaExceeded
 
@@ -91,6 +92,7 @@ class ClientConnection:
         self._later: list[tuple[Any, tuple[Any, ...]]] = []  # awaited before reading on
         self._confirms: deque[tuple[Pending | None, int]] = deque()
         self._confirm_ready = trio.Event()
+        self._joining: Group | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -233,7 +235,8 @@ class ClientConnection:
             return None
         if frame.group is not None:
             session = broker.open_session(frame.client_id)
-            session.member = group.join(session)
+            self._joining = group  # joins once its first request is answered, like a backlog
+            session.ready = False
         elif frame.durable:
             session = durable
             previous = session.connection
@@ -365,9 +368,18 @@ class ClientConnection:
                         return RemoteProtocolError(ErrorCode.INTERNAL, f"storage failed: {exc}")
                 if not session.ready:  # its first request is answered: the backlog may come
                     session.ready = True
+                    if self._joining is not None:
+                        session.member = self._joining.join(session)
+                        self._joining = None
                     session.wake()
             await session.wait_control_drained()
             proto.receive_data(await self._receive())
+
+    def _owner(self, session: Session) -> Session:
+        """The session a SUB or UNSUB changes: the group's for a member (joined or about
+        to join), else the client's own."""
+        group = session.member.group if session.member is not None else self._joining
+        return group.session if group is not None else session
 
     def _refuse_request(self, session: Session, exc: ProtocolError) -> None:
         self._count_error(exc.code)
@@ -406,7 +418,7 @@ class ClientConnection:
                     session.send_control(encode_puback(frame.id))
         elif cls is Sub:
             assert isinstance(frame, Sub)
-            owner = session.member.group.session if session.member is not None else session
+            owner = self._owner(session)
             sub_id = broker.subscribe(owner, frame.parsed)
             reply = encode_suback(frame.id, sub_id)
             if owner.durable:
@@ -417,7 +429,7 @@ class ClientConnection:
                 session.send_control(reply)
         elif cls is Unsub:
             assert isinstance(frame, Unsub)
-            owner = session.member.group.session if session.member is not None else session
+            owner = self._owner(session)
             ref = owner.subs.get(frame.sub)
             if broker.unsubscribe(owner, frame.sub):
                 reply = encode_unsuback(frame.id)

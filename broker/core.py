@@ -25,7 +25,7 @@ from broker.log import get_logger
 from broker.message import Message
 from broker.session import OutboundLimits, Session, SubRef
 from broker.stats import Counters
-from broker.store import Pending, Store, StoreError
+from broker.store import Pending, SessionRecord, Store, StoreError
 
 log = get_logger("topiary.broker")
 
@@ -133,24 +133,21 @@ class Broker:
         for record in records:
             session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
             if record.group is not None:
-                group = self._new_group(record.group, session)
-                after = record.last_ack
-                while True:  # what no member acknowledged before the restart
-                    page = await self.store.pending(record.client_id, after, 1000)
-                    if not page:
-                        break
-                    for m in page:
-                        message = Message(m.topic, m.payload, m.headers, m.msg_id)
-                        group.queue.append((m.seq, message, 0))
-                    after = page[-1].seq
-                for text, dialect in record.filters:
-                    self.subscribe(session, routing.parse_filter(text, dialect))
-                continue
-            if record.pending:
+                await self._load_group_queue(self._new_group(record.group, session), record)
+            elif record.pending:
                 session.track(record.next_seq - 1, record.pending_bytes, record.pending)
             for text, dialect in record.filters:
                 self.subscribe(session, routing.parse_filter(text, dialect))
         return len(records)
+
+    async def _load_group_queue(self, group: Group, record: SessionRecord) -> None:
+        """What no member acknowledged before the restart goes back in the group's queue."""
+        assert self.store is not None
+        after = record.last_ack
+        while page := await self.store.pending(record.client_id, after, 1000):
+            for m in page:
+                group.queue.append((m.seq, Message(m.topic, m.payload, m.headers, m.msg_id), 0))
+            after = page[-1].seq
 
     def _new_durable(self, client_id: str, seq: int, last_ack: int) -> Session:
         session = Session(

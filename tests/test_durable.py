@@ -341,3 +341,21 @@ async def test_a_store_failure_closes_only_the_client_it_hit(tmp_path: Path, mon
             await publish(address, "f/1", ["still serving"])
             assert (await take(sub, 1))[0].payload == b"still serving"
             assert (await other.stats())["store_errors"] == 1
+
+
+async def test_a_groups_unacked_messages_survive_a_restart(tmp_path: Path) -> None:
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="w1", group="restart") as c:
+            async with c.subscribe("r/>") as sub:
+                await publish(address, "r/1", ["a", "b", "c"])
+                first = await take(sub, 3)
+                await c.ack(first[0].seq, single=True)  # only "a" is done
+                await c.ping()
+    async with running_broker(data_dir=str(tmp_path)) as server:
+        address = server.addresses[0]
+        async with connect(address, client_id="w2", group="restart") as c:
+            assert c.session_present is True
+            async with c.subscribe("r/>") as sub:
+                again = await take(sub, 2)
+                assert sorted(m.payload for m in again) == [b"b", b"c"]
