@@ -9,7 +9,9 @@ from hypothesis import settings
 from broker.config import BrokerConfig
 from broker.server import Server, run_broker
 
-settings.register_profile("ci", max_examples=100, deadline=None)
+# CI runs the same examples every time (derandomize): a red build then means the change,
+# not the dice; local runs explore new examples.
+settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.register_profile("thorough", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
