@@ -244,6 +244,7 @@ class Broker:
                 "pending": session.backlog_messages,
                 "pending_bytes": session.backlog_bytes,
                 "quota_dropped": session.quota_dropped,
+                "deferred": session.deferred,  # sent from the store: queue full or away
                 **(
                     {
                         "group": session.group.name,
