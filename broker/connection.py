@@ -64,7 +64,7 @@ ERROR_FLUSH_SECONDS = 1.0
 LINGER_SECONDS = 0.5
 MIN_KEEPALIVE = 0.5
 MAX_KEEPALIVE = 3600.0
-FILL_PAGE = 500  # messages fetched from the store per gap-fill read
+FILL_PAGE = 2000  # messages fetched from the store per gap-fill read
 
 log = get_logger("topiary.connection")
 
