@@ -1,4 +1,4 @@
-"""The ``topiary`` command: serve, pub, sub, stats.
+"""The ``topiary`` command: serve, pub, sub, stats, sessions, routes.
 
 Client commands find the broker with ``--server HOST:PORT``, else the
 ``TOPIARY_SERVER`` environment variable, else 127.0.0.1:7474. Every bad
@@ -76,6 +76,17 @@ def _server(text: str) -> str:
     return text
 
 
+def _peer(text: str) -> str:
+    """A peer broker's HOST:PORT: as ``--server``, but the port is required (IPv6 in
+    brackets: ``[::1]:7474``)."""
+    _server(text)
+    _host, sep, port = text.strip().rpartition(":")
+    bare_ipv6 = text.count(":") > 1 and not text.strip().startswith("[")
+    if not sep or not port.isdigit() or bare_ipv6:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text.strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="topiary", description="A smart event broker gateway.")
     parser.add_argument("--version", action="version", version="topiary 0.1.0")
@@ -88,7 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", help="directory for stored sessions and messages")
     serve.add_argument("--log-format", choices=["console", "json"], help="log output format")
     serve.add_argument("--config", help="TOML config file (see docs/operations.md)")
-    serve.add_argument("--server-id", help="this broker's id (default topiary-PID)")
+    serve.add_argument(
+        "--broker-id",
+        "--server-id",
+        dest="server_id",
+        metavar="ID",
+        help="this broker's id, unique in a mesh of peers (default topiary-PID)",
+    )
+    serve.add_argument(
+        "--peer",
+        type=_peer,
+        action="append",
+        metavar="HOST:PORT",
+        help="a peer broker to link to (repeat for several; see docs/peering.md)",
+    )
+    serve.add_argument(
+        "--peer-secret",
+        metavar="SECRET",
+        help="shared secret that peer links must present (PEER_HELLO)",
+    )
 
     pub = commands.add_parser("pub", help="publish messages")
     pub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
@@ -123,10 +152,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="durable sessions: ack each message once printed (auto), or never (manual: "
         "messages stay pending and come again next time)",
     )
+    sub.add_argument(
+        "--sync",
+        action="store_true",
+        help="wait until every reachable peer broker has installed the route before "
+        "reporting the subscription (see docs/peering.md)",
+    )
     sub.add_argument("filters", nargs="+", metavar="FILTER")
 
     stats = commands.add_parser("stats", help="print the broker's counters as JSON")
     stats.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+
+    routes = commands.add_parser("routes", help="print the broker's route table as JSON")
+    routes.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
 
     sessions = commands.add_parser("sessions", help="print the durable sessions as JSON")
     sessions.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
@@ -165,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_sub, args)
         if args.command == "stats":
             return trio.run(_stats, args)
+        if args.command == "routes":
+            return trio.run(_routes, args)
         if args.command == "sessions":
             return trio.run(_sessions, args)
         if args.command == "session":
@@ -231,6 +271,8 @@ def _serve(args: argparse.Namespace) -> int:
             data_dir=args.data_dir,
             log_format=args.log_format,
             server_id=args.server_id,
+            peers=tuple(args.peer) if args.peer else None,
+            peer_secret=args.peer_secret,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -319,7 +361,9 @@ async def _sub(args: argparse.Namespace) -> int:
             AsyncExitStack() as stack,
         ):
             subs = [
-                await stack.enter_async_context(client.subscribe(text, args.dialect))
+                await stack.enter_async_context(
+                    client.subscribe(text, args.dialect, sync=args.sync)
+                )
                 for text in args.filters
             ]
             print(f"subscribed to {', '.join(args.filters)}", file=sys.stderr, flush=True)
@@ -367,6 +411,16 @@ async def _stats(args: argparse.Namespace) -> int:
     async with connect(args.server) as client:
         stats = await client.stats()
     print(json.dumps(stats, indent=2, sort_keys=True))
+    return 0
+
+
+async def _routes(args: argparse.Namespace) -> int:
+    from broker.client import connect
+
+    _quiet_logs()
+    async with connect(args.server) as client:
+        routes = await client.routes()
+    print(json.dumps(routes, indent=2, sort_keys=True))
     return 0
 
 

@@ -59,6 +59,8 @@ from broker.frames import (
     Ping,
     Pong,
     PubAck,
+    Routes,
+    RoutesReply,
     SessionDropped,
     Sessions,
     SessionsReply,
@@ -386,7 +388,14 @@ class Client:
             elif isinstance(event, Ping):
                 self._write(Pong(id=event.id))
             elif isinstance(
-                event, SubAck | UnsubAck | PubAck | StatsReply | SessionsReply | SessionDropped
+                event,
+                SubAck
+                | UnsubAck
+                | PubAck
+                | StatsReply
+                | SessionsReply
+                | SessionDropped
+                | RoutesReply,
             ):
                 waiter = self._waiters.pop(event.id, None)
                 renewed = self._renewals.pop(event.id, None)
@@ -556,6 +565,12 @@ class Client:
         reply = await self._request(lambda rid: Stats(id=rid))
         assert isinstance(reply, StatsReply)
         return reply.stats
+
+    async def routes(self) -> dict[str, Any]:
+        """The broker's route table (peer links, origins, next hops), as operators see it."""
+        reply = await self._request(lambda rid: Routes(id=rid))
+        assert isinstance(reply, RoutesReply)
+        return reply.routes
 
     async def ping(self) -> None:
         """Round trip to the broker: every frame sent before it has been processed."""

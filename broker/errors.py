@@ -53,6 +53,10 @@ class ErrorCode(StrEnum):
     UNSUPPORTED = "UNSUPPORTED"
     INVALID_CLIENT_ID = "INVALID_CLIENT_ID"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    BROKER_ID_CLASH = "BROKER_ID_CLASH"
+    DUPLICATE_LINK = "DUPLICATE_LINK"
+    SYNC_TIMEOUT = "SYNC_TIMEOUT"
+    NOT_A_PEER = "NOT_A_PEER"
     INTERNAL = "INTERNAL"
 
     @property
@@ -91,6 +95,10 @@ CLOSES_CONNECTION: Mapping[ErrorCode, bool] = MappingProxyType(
         _C.UNSUPPORTED: True,
         _C.INVALID_CLIENT_ID: True,
         _C.QUOTA_EXCEEDED: False,
+        _C.BROKER_ID_CLASH: True,
+        _C.DUPLICATE_LINK: True,
+        _C.SYNC_TIMEOUT: False,
+        _C.NOT_A_PEER: True,
         _C.INTERNAL: True,
     }
 )
@@ -113,13 +121,20 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
             "rejected before the body is read."
         ),
         _C.INVALID_TOPIC: (
-            "The topic of a PUB (or of a MSG) breaks the topic rules; `ref` is the PUB id."
+            "The topic of a PUB (or of a MSG or FWD) breaks the topic rules; `ref` is the PUB id."
         ),
         _C.INVALID_FILTER: "The filter or dialect of a SUB is invalid; `ref` is the SUB id.",
-        _C.HELLO_REQUIRED: "A frame other than HELLO arrived before HELLO.",
-        _C.DUPLICATE_HELLO: "A second HELLO arrived on a connection that already sent one.",
-        _C.VERSION_MISMATCH: "The server does not speak the protocol version in HELLO.",
-        _C.AUTH_FAILED: "The credentials in HELLO were refused.",
+        _C.HELLO_REQUIRED: "A frame other than HELLO or PEER_HELLO arrived first.",
+        _C.DUPLICATE_HELLO: (
+            "A HELLO or PEER_HELLO arrived on a connection whose handshake is already done."
+        ),
+        _C.VERSION_MISMATCH: (
+            "The receiver does not speak the protocol version in HELLO or PEER_HELLO."
+        ),
+        _C.AUTH_FAILED: (
+            "The credentials in HELLO were refused, or the secret in PEER_HELLO is not the "
+            "listener's `peer_secret`."
+        ),
         _C.UNKNOWN_SUBSCRIPTION: "UNSUB named a subscription id this session does not hold.",
         _C.PAYLOAD_TOO_LARGE: "A PUB payload exceeds the broker's payload limit.",
         _C.SLOW_CONSUMER: (
@@ -143,6 +158,22 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
         _C.QUOTA_EXCEEDED: (
             "A durable session that wants this PUB is full and its overflow policy is "
             "reject-publish; nothing was delivered or stored; `ref` is the PUB id."
+        ),
+        _C.BROKER_ID_CLASH: (
+            "PEER_HELLO claims the listener's own broker id, or the id of a broker already "
+            "linked under another incarnation."
+        ),
+        _C.DUPLICATE_LINK: (
+            "There is already a link between these two brokers (they dialled each other at "
+            "once); the link dialled by the higher id is closed."
+        ),
+        _C.SYNC_TIMEOUT: (
+            "The route of a `sync` SUB was not acknowledged by every reachable broker within "
+            "the sync timeout; the subscription was removed again; `ref` is the SUB id."
+        ),
+        _C.NOT_A_PEER: (
+            "A peer frame or peer feature was asked of a broker that does not take it: "
+            "PEER_HELLO to a broker without peering, or ROUTE from an observer."
         ),
         _C.INTERNAL: (
             "A bug or unexpected failure on the sender's side (for a PUB: it could not be "

@@ -35,11 +35,14 @@ from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.framebuffer import DEFAULT_MAX_FRAME, LENGTH_PREFIX, FrameBuffer
 from broker.frames import (
     Frame,
+    Fwd,
+    PeerWelcome,
     Pub,
     Welcome,
     build_frame,
     decode_frame,
     encode_frame,
+    fast_fwd,
     fast_pub,
     unpack_body,
 )
@@ -49,6 +52,7 @@ from broker.protocol_states import (
     ERROR,
     INITIAL_STATE,
     OPEN,
+    PEER_OPEN,
     Role,
     State,
     check_readable,
@@ -92,9 +96,12 @@ Event = Frame | Literal[NeedData.NEED_DATA] | ConnectionClosed
 class Connection:
     """One end of one connection, in the given ``role``; see the module docstring.
 
+    ``role`` is CLIENT or SERVER for client connections; a broker dialing a peer link plays
+    PEER, and the listener SERVER (PEER_HELLO takes it down the peer branch of the table).
+
     ``max_frame`` is the largest frame body we accept. ``peer_max_frame`` is the largest we
-    send: 1 MiB (the protocol default) until a client learns the server's from WELCOME; a
-    server may set it if it knows better.
+    send: 1 MiB (the protocol default) until a client learns the server's from WELCOME, or a
+    dialing broker the listener's from PEER_WELCOME; a server may set it if it knows better.
     """
 
     def __init__(self, role: Role, max_frame: int = DEFAULT_MAX_FRAME) -> None:
@@ -164,6 +171,8 @@ class Connection:
             frame_type, wire = unpack_body(body)
             if frame_type is Pub and self.state is OPEN and self.role is Role.SERVER:
                 return fast_pub(wire)  # the hot path: OPEN -> OPEN, no state to settle
+            if frame_type is Fwd and self.state is PEER_OPEN:
+                return fast_fwd(wire)  # between brokers: PEER_OPEN -> PEER_OPEN, either end
             next_state = check_receive(self.role, self.state, frame_type)
             frame = build_frame(frame_type, wire)
         except RemoteProtocolError as exc:
@@ -171,7 +180,7 @@ class Connection:
                 self._fail(exc)
             raise
         self.state = settle(frame, next_state)
-        if isinstance(frame, Welcome):
+        if isinstance(frame, Welcome | PeerWelcome):
             self.peer_max_frame = frame.max_frame
         return frame
 

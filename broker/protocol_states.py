@@ -3,16 +3,30 @@
 Theory of operation
 -------------------
 A connection goes through phases that both ends name the same way, so that after every frame
-has been delivered the client's and the server's ``Connection`` are in the same state:
+has been delivered the two ends' ``Connection`` objects are in the same state. A client
+connection goes
 
     AWAIT_HELLO --HELLO--> AWAIT_WELCOME --WELCOME--> OPEN
 
 The client sends HELLO and the server receives it, and the other way round for WELCOME. In
-OPEN the client sends requests (SUB, UNSUB, PUB, ACK, STATS) and the server answers and
-delivers (SUBACK, UNSUBACK, PUBACK, MSG, STATS_REPLY); PING/PONG go both ways. The client does
-not pipeline requests behind HELLO: it waits for WELCOME, which tells it the server's frame
-limit. The server answers HELLO (WELCOME or ERROR) before it reads on, so it may not call
-``next_event`` in AWAIT_WELCOME; a client's early frames stay buffered meanwhile.
+OPEN the client sends requests (SUB, UNSUB, PUB, ACK, STATS, ROUTES, ...) and the server
+answers and delivers (SUBACK, UNSUBACK, PUBACK, MSG, STATS_REPLY, ROUTES_REPLY, ...);
+PING/PONG go both ways. The client does not pipeline requests behind HELLO: it waits for
+WELCOME, which tells it the server's frame limit. The server answers HELLO (WELCOME or ERROR)
+before it reads on, so it may not call ``next_event`` in AWAIT_WELCOME; a client's early
+frames stay buffered meanwhile.
+
+Peer links (docs/peering.md) use the same port. The dialing broker (or observer) plays PEER;
+the listening broker plays SERVER, as for clients, because it learns only from the first
+frame which kind of connection it has:
+
+    AWAIT_HELLO --PEER_HELLO--> AWAIT_PEER_WELCOME --PEER_WELCOME--> PEER_OPEN
+
+The listener answers PEER_HELLO (PEER_WELCOME, or ERROR such as BROKER_ID_CLASH) before it
+reads on, as it answers HELLO. In PEER_OPEN both ends are brokers and say the same frames:
+ROUTE, ROUTE_REQUEST, ROUTE_ACK, FWD, PING, PONG and ERROR, in either direction; client
+frames are UNEXPECTED_FRAME there, and peer frames are UNEXPECTED_FRAME on a client's OPEN
+connection. A second HELLO or PEER_HELLO after either handshake is DUPLICATE_HELLO.
 
 ERROR may be sent by either end in every state before CLOSING. Its code decides what follows
 (``broker.errors.CLOSES_CONNECTION``): a request-level code (INVALID_FILTER, ...) leaves the
@@ -28,7 +42,7 @@ keeps raising that error and the only frame that may be sent is the ERROR that a
 
 Everything that affects transitions lives in this file (as h11's ``_state.py`` asks); the
 state table in docs/protocol.md is ``render_state_table()`` and a test keeps them equal. To
-add a role (PEER), add rows keyed by it; to add a frame, add it to the rows that allow it.
+add a role, add rows keyed by it; to add a frame, add it to the rows that allow it.
 """
 
 from __future__ import annotations
@@ -42,12 +56,20 @@ from broker.frames import (
     DropSession,
     Error,
     Frame,
+    Fwd,
     Hello,
     Msg,
+    PeerHello,
+    PeerWelcome,
     Ping,
     Pong,
     Pub,
     PubAck,
+    Route,
+    RouteAck,
+    RouteRequest,
+    Routes,
+    RoutesReply,
     SessionDropped,
     Sessions,
     SessionsReply,
@@ -80,7 +102,10 @@ class Role(StrEnum):
     """Which end of the connection a ``Connection`` plays."""
 
     CLIENT = "CLIENT"
+    #: The listening end, for clients and peer brokers alike.
     SERVER = "SERVER"
+    #: The dialing end of a peer link: a broker or an observer.
+    PEER = "PEER"
 
 
 class State(StrEnum):
@@ -89,22 +114,34 @@ class State(StrEnum):
     AWAIT_HELLO = "AWAIT_HELLO"
     AWAIT_WELCOME = "AWAIT_WELCOME"
     OPEN = "OPEN"
+    AWAIT_PEER_WELCOME = "AWAIT_PEER_WELCOME"
+    PEER_OPEN = "PEER_OPEN"
     CLOSING = "CLOSING"
     CLOSED = "CLOSED"
     ERROR = "ERROR"
 
 
-CLIENT, SERVER = Role.CLIENT, Role.SERVER
+CLIENT, SERVER, PEER = Role.CLIENT, Role.SERVER, Role.PEER
 AWAIT_HELLO, AWAIT_WELCOME, OPEN = State.AWAIT_HELLO, State.AWAIT_WELCOME, State.OPEN
+AWAIT_PEER_WELCOME, PEER_OPEN = State.AWAIT_PEER_WELCOME, State.PEER_OPEN
 CLOSING, CLOSED, ERROR = State.CLOSING, State.CLOSED, State.ERROR
 
 #: Where a new connection starts.
-INITIAL_STATE: Mapping[Role, State] = {CLIENT: AWAIT_HELLO, SERVER: AWAIT_HELLO}
+INITIAL_STATE: Mapping[Role, State] = {
+    CLIENT: AWAIT_HELLO,
+    SERVER: AWAIT_HELLO,
+    PEER: AWAIT_HELLO,
+}
 
-_CLIENT_REQUESTS = (Sub, Unsub, Pub, Ack, Ping, Pong, Stats, Sessions, DropSession, Error)
+_CLIENT_REQUESTS = (
+    Sub, Unsub, Pub, Ack, Ping, Pong, Stats, Sessions, DropSession, Routes, Error
+)  # fmt: skip
 _SERVER_REPLIES = (
-    SubAck, UnsubAck, PubAck, Msg, Ping, Pong, StatsReply, SessionsReply, SessionDropped, Error
-)
+    SubAck, UnsubAck, PubAck, Msg, Ping, Pong, StatsReply, SessionsReply, SessionDropped,
+    RoutesReply, Error,
+)  # fmt: skip
+#: What both ends of an open peer link may say, in either direction.
+_PEER_FRAMES = (Route, RouteRequest, RouteAck, Fwd, Ping, Pong, Error)
 
 
 def _stay(state: State, *frames: type[Frame]) -> dict[type[Frame], State]:
@@ -120,7 +157,13 @@ SEND: Mapping[tuple[Role, State], Mapping[type[Frame], State]] = {
     (SERVER, AWAIT_HELLO): {Error: AWAIT_HELLO},
     (SERVER, AWAIT_WELCOME): {Welcome: OPEN, Error: AWAIT_WELCOME},
     (SERVER, OPEN): _stay(OPEN, *_SERVER_REPLIES),
+    (SERVER, AWAIT_PEER_WELCOME): {PeerWelcome: PEER_OPEN, Error: AWAIT_PEER_WELCOME},
+    (SERVER, PEER_OPEN): _stay(PEER_OPEN, *_PEER_FRAMES),
     (SERVER, ERROR): {Error: ERROR},
+    (PEER, AWAIT_HELLO): {PeerHello: AWAIT_PEER_WELCOME, Error: AWAIT_HELLO},
+    (PEER, AWAIT_PEER_WELCOME): {Error: AWAIT_PEER_WELCOME},
+    (PEER, PEER_OPEN): _stay(PEER_OPEN, *_PEER_FRAMES),
+    (PEER, ERROR): {Error: ERROR},
 }
 
 #: (role, state) -> frame type this role may receive -> next state. A missing row: this role
@@ -129,8 +172,12 @@ RECEIVE: Mapping[tuple[Role, State], Mapping[type[Frame], State]] = {
     (CLIENT, AWAIT_HELLO): {Error: AWAIT_HELLO},
     (CLIENT, AWAIT_WELCOME): {Welcome: OPEN, Error: AWAIT_WELCOME},
     (CLIENT, OPEN): _stay(OPEN, *_SERVER_REPLIES),
-    (SERVER, AWAIT_HELLO): {Hello: AWAIT_WELCOME},
+    (SERVER, AWAIT_HELLO): {Hello: AWAIT_WELCOME, PeerHello: AWAIT_PEER_WELCOME},
     (SERVER, OPEN): _stay(OPEN, *_CLIENT_REQUESTS),
+    (SERVER, PEER_OPEN): _stay(PEER_OPEN, *_PEER_FRAMES),
+    (PEER, AWAIT_HELLO): {Error: AWAIT_HELLO},
+    (PEER, AWAIT_PEER_WELCOME): {PeerWelcome: PEER_OPEN, Error: AWAIT_PEER_WELCOME},
+    (PEER, PEER_OPEN): _stay(PEER_OPEN, *_PEER_FRAMES),
 }
 
 #: Codes for received frames the table refuses: (role, state, frame type or None for any
@@ -138,6 +185,11 @@ RECEIVE: Mapping[tuple[Role, State], Mapping[type[Frame], State]] = {
 RECEIVE_REFUSALS: Mapping[tuple[Role, State, type[Frame] | None], ErrorCode] = {
     (SERVER, AWAIT_HELLO, None): ErrorCode.HELLO_REQUIRED,
     (SERVER, OPEN, Hello): ErrorCode.DUPLICATE_HELLO,
+    (SERVER, OPEN, PeerHello): ErrorCode.DUPLICATE_HELLO,
+    (SERVER, PEER_OPEN, Hello): ErrorCode.DUPLICATE_HELLO,
+    (SERVER, PEER_OPEN, PeerHello): ErrorCode.DUPLICATE_HELLO,
+    (PEER, PEER_OPEN, Hello): ErrorCode.DUPLICATE_HELLO,
+    (PEER, PEER_OPEN, PeerHello): ErrorCode.DUPLICATE_HELLO,
 }
 
 #: States in which received frames are read and dropped, undecoded, until EOF; framing
@@ -204,14 +256,26 @@ def _describe(row: Mapping[type[Frame], State], state: State) -> str:
     return ", ".join(parts) if parts else "nothing"
 
 
+#: The handshake frame a listener must answer before it reads on, per waiting state.
+_ANSWER_FIRST: Mapping[State, str] = {AWAIT_WELCOME: "HELLO", AWAIT_PEER_WELCOME: "PEER_HELLO"}
+
+
 def render_state_table() -> str:
-    """The state table as markdown; docs/protocol.md must contain exactly this text."""
+    """The state table as markdown; docs/protocol.md must contain exactly this text.
+
+    A role's row for a state it never reaches (a CLIENT in PEER_OPEN) is left out."""
     lines = [
         "| role | state | may send | may receive | other frames received |",
         "| --- | --- | --- | --- | --- |",
     ]
     for role in Role:
         for state in State:
+            if (
+                (role, state) not in SEND
+                and (role, state) not in RECEIVE
+                and state not in (*DISCARDING_STATES, CLOSED)
+            ):
+                continue
             send_row = SEND.get((role, state), {})
             receive_row = RECEIVE.get((role, state))
             if state in DISCARDING_STATES:
@@ -224,7 +288,8 @@ def render_state_table() -> str:
                 receive = "nothing: `next_event` raises the error again"
                 refused = "-"
             elif receive_row is None:
-                receive = "nothing: answer HELLO first (`next_event` is a local error)"
+                first = _ANSWER_FIRST.get(state, "the handshake")
+                receive = f"nothing: answer {first} first (`next_event` is a local error)"
                 refused = "-"
             else:
                 receive = _describe(receive_row, state)

@@ -237,3 +237,54 @@ def test_a_corrupt_database_stops_serve_with_one_line(tmp_path) -> None:
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("topiary serve: cannot open ") and "topiary.db" in line
     assert "Traceback" not in result.stderr
+
+
+# -- peering options (parser only) -------------------------------------------------------
+
+
+def test_serve_parses_broker_id_peers_and_secret() -> None:
+    from broker.cli import build_parser
+
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--broker-id",
+            "broker-a",
+            "--peer",
+            "10.0.0.2:7474",
+            "--peer",
+            "[::1]:7475",
+            "--peer-secret",
+            "s3cr3t",
+        ]
+    )
+    assert args.server_id == "broker-a"
+    assert args.peer == ["10.0.0.2:7474", "[::1]:7475"]
+    assert args.peer_secret == "s3cr3t"
+
+
+def test_serve_keeps_server_id_as_an_alias_and_peers_default_to_none() -> None:
+    from broker.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--server-id", "broker-b"])
+    assert args.server_id == "broker-b"
+    assert args.peer is None and args.peer_secret is None
+
+
+@pytest.mark.parametrize("peer", ["host", "host:notaport", "host:0", ":7474", "::1", "[::1]"])
+def test_serve_refuses_a_peer_that_is_not_host_port(peer: str) -> None:
+    from broker.cli import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["serve", "--peer", peer])
+    assert info.value.code == 2
+
+
+def test_sub_sync_and_routes_parse() -> None:
+    from broker.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["sub", "--sync", "a/>"]).sync is True
+    assert parser.parse_args(["sub", "a/>"]).sync is False
+    routes = parser.parse_args(["routes", "--server", "127.0.0.1:7000"])
+    assert (routes.command, routes.server) == ("routes", "127.0.0.1:7000")

@@ -17,16 +17,24 @@ from broker.framebuffer import FrameBuffer
 from broker.frames import (
     FRAME_TYPES,
     MAX_MSG_ID_BYTES,
+    PROTOCOL_VERSION,
     U64_MAX,
     Ack,
     DropSession,
     Error,
     Frame,
+    Fwd,
     Hello,
+    PeerHello,
+    PeerWelcome,
     Ping,
     Pong,
     Pub,
     PubAck,
+    Route,
+    RouteAck,
+    RouteRequest,
+    Routes,
     Sessions,
     Stats,
     StatsReply,
@@ -36,13 +44,12 @@ from broker.frames import (
     decode_frame,
     encode_frame,
 )
-from broker.protocol import Connection, Role
+from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
 from tests.helpers import (
     ANY_FRAME,
     DEFAULT_HELLO,
     TRAILING,
     chunkings,
-    feed,
     framed,
     open_client,
     open_server,
@@ -77,20 +84,81 @@ VALID: dict[str, dict[str, Any]] = {
     "SESSIONS_REPLY": {"id": 1, "sessions": [{"client_id": "a", "pending": 0}]},
     "DROP_SESSION": {"id": 1, "client_id": "a"},
     "SESSION_DROPPED": {"id": 1, "dropped": True},
+    "ROUTES": {"id": 1},
+    "ROUTES_REPLY": {"id": 1, "routes": {"origins": {"b": {"seq": 1}}}},
+    "PEER_HELLO": {"version": 1, "broker_id": "b", "incarnation": 7},
+    "PEER_WELCOME": {
+        "version": 1,
+        "broker_id": "a",
+        "incarnation": 5,
+        "max_frame": 1024,
+        "keepalive": 2.0,
+    },
+    "ROUTE": {"origin": "b", "incarnation": 7, "seq": 1},
+    "ROUTE_REQUEST": {"origin": "b"},
+    "ROUTE_ACK": {"origin": "a", "incarnation": 5, "seq": 3, "by": "b", "hops": 1},
+    "FWD": {
+        "topic": "a/b",
+        "payload": b"x",
+        "msg_id": "m1",
+        "dests": ["c"],
+        "hops": 0,
+        "source": "a",
+    },
 }
 
-_CLIENT_SENT = {Sub, Unsub, Pub, Ack, Ping, Pong, Stats, Sessions, DropSession, Error}
+_CLIENT_SENT = {Sub, Unsub, Pub, Ack, Ping, Pong, Stats, Sessions, DropSession, Routes, Error}
+_PEER_LINK = {Route, RouteRequest, RouteAck, Fwd}
+DEFAULT_PEER_HELLO = PeerHello(version=PROTOCOL_VERSION, broker_id="b", incarnation=7)
+DEFAULT_PEER_WELCOME = PeerWelcome(
+    version=PROTOCOL_VERSION, broker_id="a", incarnation=5, max_frame=1 << 20, keepalive=2.0
+)
+
+
+def open_peer_server() -> Connection:
+    """A listener that has received PEER_HELLO and sent PEER_WELCOME."""
+    server = Connection(Role.SERVER)
+    server.receive_data(framed(DEFAULT_PEER_HELLO))
+    assert server.next_event() == DEFAULT_PEER_HELLO
+    server.send(DEFAULT_PEER_WELCOME)
+    assert server.state is State.PEER_OPEN
+    return server
 
 
 def receiver_for(cls: type[Frame]) -> Connection:
     """A fresh Connection in a state that accepts ``cls`` from its peer."""
-    if cls is Hello:
+    if cls in (Hello, PeerHello):
         return Connection(Role.SERVER)
     if cls is Welcome:
         client = Connection(Role.CLIENT)
         client.send(DEFAULT_HELLO)
         return client
+    if cls is PeerWelcome:
+        dialer = Connection(Role.PEER)
+        dialer.send(DEFAULT_PEER_HELLO)
+        return dialer
+    if cls in _PEER_LINK:
+        return open_peer_server()
     return open_server() if cls in _CLIENT_SENT else open_client()
+
+
+def feed(conn: Connection, chunks: list[bytes]) -> list[Event]:
+    """As ``tests.helpers.feed``, but a listener also stops reading after PEER_HELLO (it
+    must answer first)."""
+    events: list[Event] = []
+    for chunk in chunks:
+        conn.receive_data(chunk)
+        while True:
+            event = conn.next_event()
+            if event is NEED_DATA:
+                break
+            events.append(event)
+            if isinstance(event, ConnectionClosed) or (
+                conn.role is Role.SERVER
+                and conn.state in (State.AWAIT_WELCOME, State.AWAIT_PEER_WELCOME)
+            ):
+                break
+    return events
 
 
 def decode_every_way(fields: dict[str, Any]) -> Frame:
@@ -281,6 +349,53 @@ WRONG_FIELDS: list[tuple[str, str, Any, str]] = [
     ("SESSION_DROPPED", "dropped", 1, "must be bool, got int"),
     ("STATS_REPLY", "stats", None, "must be dict, got None"),
     ("STATS_REPLY", "stats", {"a": {b"k": 1}}, "holds a map key of type bytes"),
+    ("ROUTES", "id", "1", "must be int, got str"),
+    ("ROUTES_REPLY", "routes", [], "must be dict, got list"),
+    ("PEER_HELLO", "broker_id", "", "must be a broker id"),
+    ("PEER_HELLO", "broker_id", "a b", "must be a broker id"),
+    ("PEER_HELLO", "broker_id", "a\x00", "must be a broker id"),
+    ("PEER_HELLO", "broker_id", "x" * 257, "must be a broker id"),
+    ("PEER_HELLO", "broker_id", b"b", "must be str, got bytes"),
+    ("PEER_HELLO", "incarnation", -1, "must be in 0..2**64-1"),
+    ("PEER_HELLO", "role", "client", "must be 'broker' or 'observer'"),
+    ("PEER_HELLO", "role", None, "must be str, got None"),
+    ("PEER_HELLO", "secret", 1, "must be str or None, got int"),
+    ("PEER_HELLO", "digest", [], "must be dict, got list"),
+    ("PEER_HELLO", "digest", {"a": [1]}, "values must be [incarnation, seq]"),
+    ("PEER_HELLO", "digest", {"a": [1, -2]}, "values must be [incarnation, seq]"),
+    ("PEER_HELLO", "digest", {"a": [1, True]}, "values must be [incarnation, seq]"),
+    ("PEER_HELLO", "digest", {"a": {"seq": 1}}, "values must be [incarnation, seq]"),
+    ("PEER_HELLO", "digest", {"a b": [1, 2]}, "keys must be broker ids"),
+    ("PEER_HELLO", "keepalive", -1, "must be a finite number >= 0"),
+    ("PEER_WELCOME", "max_frame", 0, "must be in 1..2**32-1"),
+    ("PEER_WELCOME", "keepalive", None, "must be float, got None"),
+    ("PEER_WELCOME", "broker_id", 5, "must be str, got int"),
+    ("ROUTE", "origin", "a\tb", "must be a broker id"),
+    ("ROUTE", "seq", "1", "must be int, got str"),
+    ("ROUTE", "snapshot", 1, "must be bool, got int"),
+    ("ROUTE", "more", True, "is only allowed in a snapshot"),
+    ("ROUTE", "neighbors", "b", "must be list or None, got str"),
+    ("ROUTE", "neighbors", ["b", ""], "items must be broker ids"),
+    ("ROUTE", "neighbors", ["b", "b"], "must not name a broker twice"),
+    ("ROUTE", "add", {"a/>": "native"}, "must be list, got dict"),
+    ("ROUTE", "add", [["a/>"]], "items must be [filter, dialect] pairs"),
+    ("ROUTE", "add", ["a/>"], "items must be [filter, dialect] pairs"),
+    ("ROUTE", "add", [["a/>/b", "native"]], "holds an invalid filter 'a/>/b'"),
+    ("ROUTE", "remove", [["a//b", "native"]], "holds an invalid filter 'a//b'"),
+    ("ROUTE", "add", [["a", "regex"]], "holds an invalid filter 'a' ('regex')"),
+    ("ROUTE_REQUEST", "origin", None, "must be str, got None"),
+    ("ROUTE_ACK", "by", "", "must be a broker id"),
+    ("ROUTE_ACK", "hops", 1.0, "must be int, got float"),
+    ("FWD", "payload", "x", "must be bytes, got str"),
+    ("FWD", "msg_id", None, "must be str, got None"),
+    ("FWD", "dedup", "yes", "must be bool, got str"),
+    ("FWD", "dests", [], "must not be empty"),
+    ("FWD", "dests", "c", "must be list, got str"),
+    ("FWD", "dests", ["c", "c"], "must not name a broker twice"),
+    ("FWD", "dests", ["c d"], "items must be broker ids"),
+    ("FWD", "hops", -1, "must be in 0..2**64-1"),
+    ("FWD", "source", "", "must be a broker id"),
+    ("FWD", "headers", {"k": 1}, "values must be str, got int for 'k'"),
 ]
 
 
@@ -420,6 +535,7 @@ def test_every_error_code_states_whether_it_closes_the_connection() -> None:
         ErrorCode.PAYLOAD_TOO_LARGE,
         ErrorCode.INVALID_ACK,
         ErrorCode.QUOTA_EXCEEDED,
+        ErrorCode.SYNC_TIMEOUT,
     }
     for code in ErrorCode:
         assert code.closes_connection is (code not in request_level), code

@@ -16,11 +16,14 @@ from hypothesis import strategies as st
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, render_error_table
 from broker.frames import (
     FRAME_TYPES,
+    PROTOCOL_VERSION,
     Ack,
     Error,
     Frame,
     Hello,
     Msg,
+    PeerHello,
+    PeerWelcome,
     Ping,
     Pong,
     Pub,
@@ -55,6 +58,10 @@ from tests.helpers import (
 )
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
+PEER_HELLO = PeerHello(version=PROTOCOL_VERSION, broker_id="b", incarnation=7)
+PEER_WELCOME = PeerWelcome(
+    version=PROTOCOL_VERSION, broker_id="a", incarnation=5, max_frame=1 << 20, keepalive=2.0
+)
 
 
 # -- conversations through a ProtocolPair -------------------------------------------------
@@ -221,7 +228,7 @@ def test_frame_over_limit_is_rejected_before_its_body_is_buffered() -> None:
 def test_unknown_frame_type_is_rejected(chunking: str) -> None:
     server = open_server()
     with pytest.raises(RemoteProtocolError) as info:
-        feed(server, chunked(chunking, wire({"type": "PEER_HELLO", "id": "b2"})))
+        feed(server, chunked(chunking, wire({"type": "TELEPORT", "id": "b2"})))
     assert info.value.code == ErrorCode.UNKNOWN_TYPE
     assert_sticky(server, ErrorCode.UNKNOWN_TYPE)
 
@@ -502,6 +509,8 @@ def run_fuzz(conn: Connection, chunks: list[bytes]) -> None:
             assert isinstance(event, Frame)
             if isinstance(event, Hello):
                 conn.send(DEFAULT_WELCOME)
+            elif isinstance(event, PeerHello):
+                conn.send(PEER_WELCOME)
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -516,6 +525,8 @@ def test_fuzzed_input_yields_frames_or_remote_errors_only(
     conn = Connection(role, max_frame=FUZZ_MAX_FRAME)
     if role is Role.CLIENT:
         conn.send(DEFAULT_HELLO)
+    elif role is Role.PEER:
+        conn.send(PEER_HELLO)
     run_fuzz(conn, data.draw(splits(stream)) if stream else [])
 
 
