@@ -30,6 +30,17 @@ key, never a traceback and never a silently ignored typo.
 
     [auth]
     token = "secret"               # HELLO credentials {"token": ...} must match
+
+    [peering]                      # peer brokers (docs/peering.md); server_id is the broker id
+    peers = ["10.0.0.2:7474"]      # brokers to dial; links are also accepted from any broker
+    secret = "mesh-secret"         # PEER_HELLO must carry it (both ends set the same)
+    hop_limit = 16                 # links a forwarded event may cross
+    sync_timeout = 5.0             # seconds a `sync` SUB waits for every broker's ack
+    keepalive = 2.0                # seconds of link silence before PING; 3x closes
+    flush = 0.01                   # seconds local route changes are coalesced into one update
+    backoff_max = 5.0              # longest wait between dial attempts
+    queue_messages = 100000        # per link: events queued past this are dropped, counted
+    queue_bytes = 67108864         # per link, payload bytes queued
 """
 
 from __future__ import annotations
@@ -69,6 +80,15 @@ class BrokerConfig:
     overflow: str = "drop-oldest"
     group_prefetch: int = 64
     auth_token: str | None = None
+    peers: tuple[str, ...] = ()
+    peer_secret: str | None = None
+    hop_limit: int = 16
+    sync_timeout: float = 5.0
+    peer_keepalive: float = 2.0
+    peer_flush: float = 0.01
+    peer_backoff_max: float = 5.0
+    peer_queue_messages: int = 100_000
+    peer_queue_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         _check(self)
@@ -105,6 +125,17 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "group_prefetch": "group_prefetch",
     },
     "auth": {"token": "auth_token"},
+    "peering": {
+        "peers": "peers",
+        "secret": "peer_secret",
+        "hop_limit": "hop_limit",
+        "sync_timeout": "sync_timeout",
+        "keepalive": "peer_keepalive",
+        "flush": "peer_flush",
+        "backoff_max": "peer_backoff_max",
+        "queue_messages": "peer_queue_messages",
+        "queue_bytes": "peer_queue_bytes",
+    },
 }
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -128,6 +159,15 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "overflow": (str,),
     "group_prefetch": (int,),
     "auth_token": (str, type(None)),
+    "peers": (tuple,),
+    "peer_secret": (str, type(None)),
+    "hop_limit": (int,),
+    "sync_timeout": (int, float),
+    "peer_keepalive": (int, float),
+    "peer_flush": (int, float),
+    "peer_backoff_max": (int, float),
+    "peer_queue_messages": (int,),
+    "peer_queue_bytes": (int,),
 }
 
 
@@ -165,6 +205,42 @@ def _check(cfg: BrokerConfig) -> None:
     for name in ("outbound_messages", "outbound_bytes", "slow_consumer_drops"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    _check_peering(cfg)
+
+
+def _check_peering(cfg: BrokerConfig) -> None:
+    for peer in cfg.peers:
+        if not isinstance(peer, str) or parse_host_port(peer) is None:
+            raise ConfigError(f"peers must be HOST:PORT strings, got {peer!r}")
+    if not 1 <= cfg.hop_limit <= 255:
+        raise ConfigError(f"hop_limit must be in 1..255, got {cfg.hop_limit}")
+    for name in ("sync_timeout", "peer_keepalive", "peer_backoff_max"):
+        if not 0 < getattr(cfg, name) <= 86400:
+            raise ConfigError(f"{name} must be in (0, 86400] seconds, got {getattr(cfg, name)}")
+    if not 0 <= cfg.peer_flush <= 10:
+        raise ConfigError(f"peer_flush must be in [0, 10] seconds, got {cfg.peer_flush}")
+    for name in ("peer_queue_messages", "peer_queue_bytes"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.server_id and not _valid_broker_id(cfg.server_id):
+        raise ConfigError(
+            f"server_id must be 1..256 bytes without spaces or control characters, "
+            f"got {cfg.server_id!r}"
+        )
+
+
+def _valid_broker_id(text: str) -> bool:
+    return 0 < len(text.encode()) <= 256 and all(c.isprintable() and not c.isspace() for c in text)
+
+
+def parse_host_port(text: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) split, or None when it is not one."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -189,6 +265,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
                 raise ConfigError(
                     f"{path}: unknown key {key!r} in [{table}] (known: {', '.join(keys)})"
                 )
+            if keys[key] == "peers" and isinstance(value, list):
+                value = tuple(value)  # TOML arrays are lists; the config holds a tuple
             overrides[keys[key]] = value
     return overrides
 

@@ -33,9 +33,12 @@ from broker.frames import (
     Error,
     Frame,
     Hello,
+    PeerHello,
     Ping,
     Pong,
     Pub,
+    Routes,
+    RoutesReply,
     SessionDropped,
     Sessions,
     SessionsReply,
@@ -93,6 +96,7 @@ class ClientConnection:
         self._confirms: deque[tuple[Pending | None, int]] = deque()
         self._confirm_ready = trio.Event()
         self._joining: Group | None = None
+        self._peer_hello: PeerHello | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -105,6 +109,8 @@ class ClientConnection:
             session = None
             with self._handshake_scope:
                 session = await self._handshake()
+            if self._peer_hello is not None and not self._shutting_down:
+                await broker.peering.accept(self.stream, self.proto, self._peer_hello, self.peer)
             if session is not None and self._shutting_down:
                 self._release(session)
                 session = None
@@ -134,7 +140,10 @@ class ClientConnection:
         self._stop(RemoteProtocolError(ErrorCode.SESSION_TAKEN, why))
 
     def begin_shutdown(self) -> None:
-        """Stop reading; queued messages are flushed, then ERROR SHUTTING_DOWN."""
+        """Stop reading; queued messages are flushed, then ERROR SHUTTING_DOWN.
+
+        (A peer link served on this connection is closed by ``Peering.shutdown``.)
+        """
         self._shutting_down = True
         self._handshake_scope.cancel()
         self._reader_scope.cancel()
@@ -213,6 +222,9 @@ class ClientConnection:
             return None
         if frame is None:
             return None  # EOF before HELLO
+        if isinstance(frame, PeerHello):
+            self._peer_hello = frame  # a broker or an observer: peering takes the stream
+            return None
         assert isinstance(frame, Hello)
         problem = self._check_hello(frame)
         if problem is not None:
@@ -421,11 +433,17 @@ class ClientConnection:
             owner = self._owner(session)
             sub_id = broker.subscribe(owner, frame.parsed)
             reply = encode_suback(frame.id, sub_id)
+            sync = frame.sync and broker.peering.active
             if owner.durable:
                 self._later.append(
-                    (self._store_filter, (owner, frame.parsed, True, reply, session))
+                    (
+                        self._store_filter,
+                        (owner, frame.parsed, True, None if sync else reply, session),
+                    )
                 )
-            else:
+            if sync:
+                self._later.append((self._sync_sub, (owner, sub_id, frame, reply, session)))
+            elif not owner.durable:
                 session.send_control(reply)
         elif cls is Unsub:
             assert isinstance(frame, Unsub)
@@ -490,6 +508,9 @@ class ClientConnection:
         elif cls is DropSession:
             assert isinstance(frame, DropSession)
             self._later.append((self._drop_session, (session, frame)))
+        elif cls is Routes:
+            assert isinstance(frame, Routes)
+            session.send_control(send(RoutesReply(id=frame.id, routes=broker.routes_info())))
         elif cls is Stats:
             assert isinstance(frame, Stats)
             session.send_control(send(StatsReply(id=frame.id, stats=broker.stats())))
@@ -589,7 +610,12 @@ class ClientConnection:
                 session.send_control(reply)
 
     async def _store_filter(
-        self, owner: Session, flt: routing.Filter, add: bool, reply: bytes, session: Session
+        self,
+        owner: Session,
+        flt: routing.Filter,
+        add: bool,
+        reply: bytes | None,
+        session: Session,
     ) -> None:
         store = self.broker.store
         assert store is not None
@@ -597,7 +623,29 @@ class ClientConnection:
             await store.add_filter(owner.client_id, flt.text, flt.dialect)
         else:
             await store.remove_filter(owner.client_id, flt.text, flt.dialect)
-        session.send_control(reply)
+        if reply is not None:
+            session.send_control(reply)
+
+    async def _sync_sub(
+        self, owner: Session, sub_id: int, frame: Sub, reply: bytes, session: Session
+    ) -> None:
+        """SUBACK only once every reachable broker has the route; else undo, and say so."""
+        if await self.broker.peering.sync():
+            session.send_control(reply)
+            return
+        ref = owner.subs.get(sub_id)
+        self.broker.unsubscribe(owner, sub_id)
+        if owner.durable and ref is not None and not ref.sub_ids:
+            await self._store_filter(owner, frame.parsed, False, None, session)
+        self._refuse_request(
+            session,
+            RemoteProtocolError(
+                ErrorCode.SYNC_TIMEOUT,
+                f"not every reachable broker acknowledged the route within "
+                f"{self.broker.config.sync_timeout} s; the subscription was removed",
+                ref=frame.id,
+            ),
+        )
 
     async def _drop_session(self, session: Session, frame: DropSession) -> None:
         dropped = await self.broker.drop_session(frame.client_id, requester=session)

@@ -23,6 +23,7 @@ from broker.config import BrokerConfig
 from broker.groups import Group, group_session_id
 from broker.log import get_logger
 from broker.message import Message
+from broker.peering import Peering
 from broker.session import OutboundLimits, Session, SubRef
 from broker.stats import Counters
 from broker.store import Pending, SessionRecord, Store, StoreError
@@ -112,6 +113,7 @@ class Broker:
         self._msg_counter = itertools.count(1)
         self._client_counter = itertools.count(1)
         self._recent_ids = RecentIds(self.config.dedup_window)
+        self.peering = Peering(self)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -279,8 +281,11 @@ class Broker:
         return dropped or session is not None
 
     def close_session(self, session: Session) -> None:
+        peering = self.peering if self.peering.active else None
         for ref in list(session.refs.values()):
             self.table.remove(ref.filter, ref, ref.dialect)
+            if peering is not None:
+                peering.local_remove(routing.parse_filter(ref.filter, ref.dialect))
         session.refs.clear()
         session.subs.clear()
         self.sessions.pop(session.client_id, None)
@@ -292,6 +297,8 @@ class Broker:
         sub_id, ref, is_new = session.subscribe(filter.text, filter.dialect)
         if is_new:
             self.table.add(filter, ref)
+            if self.peering.active:
+                self.peering.local_add(filter)
         self.counters.subscribes += 1
         return sub_id
 
@@ -302,6 +309,8 @@ class Broker:
         ref, remove_entry = dropped
         if remove_entry:
             self.table.remove(ref.filter, ref, ref.dialect)
+            if self.peering.active:
+                self.peering.local_remove(routing.parse_filter(ref.filter, ref.dialect))
         self.counters.unsubscribes += 1
         return True
 
@@ -328,15 +337,52 @@ class Broker:
             return None
         counters.messages_in += 1
         counters.bytes_in += len(payload)
+        peering = self.peering
+        if not peering.active:
+            return self._route(topic, payload, headers, msg_id, msg_id)
+        dests = peering.wanting(topic)
+        if not dests:
+            return self._route(topic, payload, headers, msg_id, msg_id)
+        message = Message(topic, payload, headers, msg_id or self.next_msg_id())
+        work = self._route(topic, payload, headers, message.msg_id, msg_id, message, remote=True)
+        peering.forward(message, msg_id is not None, dests, 1, self.server_id)
+        return work
+
+    def seen_msg_id(self, msg_id: str) -> bool:
+        """True if a publisher's ``msg_id`` was routed lately (the duplicate filter)."""
+        return self._recent_ids.seen(msg_id)
+
+    def route_local(self, message: Message, publisher_msg_id: str | None) -> DurableWork | None:
+        """Deliver an event a peer forwarded to the sessions here (it was counted there)."""
+        self.counters.messages_in += 1
+        self.counters.bytes_in += message.size
+        return self._route(
+            message.topic, message.payload, message.headers, message.msg_id, publisher_msg_id,
+            message,
+        )
+
+    def _route(
+        self,
+        topic: str,
+        payload: bytes,
+        headers: dict[str, str] | None,
+        msg_id: str | None,
+        publisher_msg_id: str | None,
+        message: Message | None = None,
+        remote: bool = False,
+    ) -> DurableWork | None:
+        counters = self.counters
         targets = self.table.match(topic)
         if not targets:
-            counters.messages_unrouted += 1
+            if not remote:
+                counters.messages_unrouted += 1
             return None
         if len(targets) == 1:  # the common case, when it needs nothing of the store
             (ref,) = targets
             session = ref.session
             if not session.durable:
-                message = Message(topic, payload, headers, msg_id or self.next_msg_id())
+                if message is None:
+                    message = Message(topic, payload, headers, msg_id or self.next_msg_id())
                 if session.deliver(message, ref.sub_ids[0]):
                     counters.messages_out += 1
                     counters.bytes_out += message.size
@@ -354,14 +400,15 @@ class Broker:
                     size, config.session_max_messages, config.session_max_bytes
                 ):
                     counters.quota_rejected += 1
-                    if msg_id is not None:
-                        self._recent_ids.forget(msg_id)  # a retry must not count as a repeat
+                    if publisher_msg_id is not None:  # a retry must not count as a repeat
+                        self._recent_ids.forget(publisher_msg_id)
                     raise QuotaExceeded(
                         f"durable session {session.client_id!r} is full "
                         f"({session.backlog_messages} messages, {session.backlog_bytes} bytes "
                         "pending)"
                     )
-        message = Message(topic, payload, headers, msg_id or self.next_msg_id())
+        if message is None:
+            message = Message(topic, payload, headers, msg_id or self.next_msg_id())
         delivered = 0
         durable: list[tuple[Session, int]] | None = None
         trims: list[tuple[Session, int]] | None = None
@@ -386,9 +433,13 @@ class Broker:
         counters.bytes_out += delivered * message.size
         if durable is None or self.store is None:
             return None
-        return DurableWork(message, durable, msg_id, trims)
+        return DurableWork(message, durable, publisher_msg_id, trims)
 
     # -- operators -----------------------------------------------------------------------
+
+    def routes_info(self) -> dict[str, Any]:
+        """The route table as this broker sees it (``topiary routes``)."""
+        return self.peering.describe()
 
     def stats(self) -> dict[str, Any]:
         table = self.table.statistics()
@@ -411,6 +462,8 @@ class Broker:
                 "queued": sum(s.queued for s in self.sessions.values()),
             }
         )
+        if self.peering.active:
+            snapshot["peering"] = self.peering.stats()
         if self.store is not None:
             store = self.store.statistics()
             snapshot["store"] = {

@@ -64,3 +64,28 @@ def encode_msg(message: Message, sub: int, seq: int) -> bytes:
 
 
 _MAP_HEADERS: Final = tuple(bytes((0x80 | n,)) for n in range(16))
+
+
+def encode_fwd(
+    message: Message, dedup: bool, dests: tuple[str, ...], hops: int, source: str
+) -> bytes:
+    """The wire bytes (length prefix included) of a FWD frame carrying ``message``.
+
+    Brokers forward every event they route to peers, so this skips the frame class and its
+    checks: every field came from a PUB or a FWD that passed them.
+    """
+    fields: dict[str, object] = {
+        "type": "FWD",
+        "topic": message.topic,
+        "payload": message.payload,
+        "msg_id": message.msg_id,
+        "dests": list(dests),
+        "hops": hops,
+        "source": source,
+    }
+    if dedup:
+        fields["dedup"] = True
+    if message.headers is not None:
+        fields["headers"] = message.headers
+    body = _packb(fields)
+    return len(body).to_bytes(4, "big") + body

@@ -73,6 +73,7 @@ class Server:
             for listener in listeners:
                 await listener.aclose()
             log.info("shutting down", connections=len(broker.connections))
+            broker.peering.shutdown()
             for connection in list(broker.connections):
                 connection.begin_shutdown()
         counters = broker.counters
@@ -123,6 +124,7 @@ async def run_broker(
             if handle_signals:
                 nursery.start_soon(_shutdown_on_signal, server, signals)
             nursery.start_soon(broker.watch_commits)
+            await nursery.start(broker.peering.run)
             await nursery.start(server.serve, listeners)
             task_status.started(server)
             await server._shutdown.wait()

@@ -1,0 +1,719 @@
+"""Peer links: the trio shell around ``routing.exchange.RouteExchange``.
+
+``Peering`` belongs to a Broker. It is inactive (and costs nothing per subscribe) until the
+broker is configured with peers or a peer or observer dials in; then it mirrors the broker's
+distinct filters into the exchange's summary, runs a flush timer that turns coalesced changes
+into ROUTE deltas, dials the configured peers with backoff, and forwards events.
+
+Tasks and owners: ``Peering.run`` owns a nursery with the flush loop and one dial loop per
+configured peer; each dialled ``PeerLink`` runs inside its dial loop. A link dialled *to* us
+arrives as an ordinary connection and runs inside that connection's task (the server's
+connection nursery). Every link has a writer and a keepalive task in a nursery of its own,
+and reads inline. Shutdown closes every link with ERROR SHUTTING_DOWN and cancels the nursery.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+import routing
+from broker.config import parse_host_port
+from broker.errors import ErrorCode, RemoteProtocolError
+from broker.frames import (
+    PROTOCOL_VERSION,
+    Error,
+    Frame,
+    Fwd,
+    PeerHello,
+    PeerWelcome,
+    Ping,
+    Pong,
+    Route,
+    RouteAck,
+    RouteRequest,
+)
+from broker.log import get_logger
+from broker.message import Message, encode_fwd
+from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
+from routing.exchange import BROKER, OBSERVER, RouteExchange, SyncWait
+from routing.exchange import RouteAck as AckMessage
+from routing.exchange import RouteRequest as RequestMessage
+from routing.linkstate import Update
+
+if TYPE_CHECKING:
+    from broker.core import Broker, DurableWork
+
+log = get_logger("topiary.peering")
+
+RECEIVE_SIZE = 256 * 1024
+BACKOFF_MIN = 0.1
+HANDSHAKE_TIMEOUT = 10.0
+ERROR_FLUSH_SECONDS = 1.0
+
+
+@dataclass(slots=True)
+class PeerCounters:
+    fwd_out: int = 0  # FWD frames sent (one per event per next hop)
+    fwd_in: int = 0
+    delivered_from_peers: int = 0  # events a FWD brought for local subscribers
+    unreachable_dropped: int = 0  # (event, destination) pairs with no path
+    link_dropped: int = 0  # FWD copies lost: link down or its queue full
+    hop_limit_dropped: int = 0
+    duplicates_dropped: int = 0
+    quota_rejected: int = 0
+    links_opened: int = 0
+    links_refused: int = 0
+    sync_waits: int = 0
+    sync_timeouts: int = 0
+
+
+class PeerLink:
+    """One open peer link: a bounded queue out, frames in, keepalive."""
+
+    def __init__(
+        self,
+        peering: Peering,
+        stream: trio.abc.Stream,
+        proto: Connection,
+        peer_id: str,
+        role: str,
+        incarnation: int,
+        dialled_by: str,
+        address: str,
+    ) -> None:
+        self.peering = peering
+        self.stream = stream
+        self.proto = proto
+        self.peer_id = peer_id
+        self.role = role
+        self.incarnation = incarnation
+        self.dialled_by = dialled_by
+        self.address = address
+        self.opened = time.time()
+        self.last_heard = trio.current_time()
+        self._queue: deque[tuple[bytes, int]] = deque()  # (frame, payload size; -1: control)
+        self._events = 0  # FWD frames in the queue
+        self._event_bytes = 0
+        self._wake = trio.Event()
+        self._reader_scope = trio.CancelScope()
+        self._closing: RemoteProtocolError | None = None
+        self._said_error = False
+        self._broken = False
+        self._writer_done = trio.Event()
+        self.fwd_out = self.fwd_in = self.routes_out = self.routes_in = 0
+        self.dropped = 0
+        self.bytes_out = 0
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send_frame(self, frame: Frame) -> None:
+        """Route state and control: never dropped (bounded by the size of the state)."""
+        if isinstance(frame, Route):
+            self.routes_out += 1
+        self._queue.append((self.proto.send(frame), -1))
+        self._wake.set()
+
+    def send_event(self, data: bytes, size: int) -> bool:
+        """Queue a FWD; False (dropped) when the queue is past its bounds."""
+        config = self.peering.config
+        if self._events >= config.peer_queue_messages or (
+            self._event_bytes + size > config.peer_queue_bytes and self._events
+        ):
+            self.dropped += 1
+            return False
+        self._queue.append((data, size))
+        self._events += 1
+        self._event_bytes += size
+        self.fwd_out += 1
+        self._wake.set()
+        return True
+
+    async def _writer(self) -> None:
+        queue = self._queue
+        try:
+            while True:
+                if not queue:
+                    if self._closing is not None and self._said_error:
+                        return
+                    self._wake = trio.Event()
+                    await self._wake.wait()
+                    continue
+                chunks = []
+                size = 0
+                while queue and size < 1 << 20:
+                    chunk, payload = queue.popleft()
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if payload >= 0:
+                        self._events -= 1
+                        self._event_bytes -= payload
+                data = b"".join(chunks)
+                self.bytes_out += len(data)
+                await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._broken = True
+            self._reader_scope.cancel()
+        finally:
+            self._writer_done.set()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the link until EOF, an error, or shutdown; the peering forgets it after."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer)
+                nursery.start_soon(self._keepalive)
+                reason = None
+                with self._reader_scope:
+                    try:
+                        reason = await self._reader()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        self._broken = True
+                if self._reader_scope.cancelled_caught:
+                    reason = self._closing
+                if reason is not None and not self._broken:
+                    log.info(
+                        "peer link closing", peer=self.peer_id, code=str(reason.code),
+                        why=reason.text,
+                    )
+                    self._closing = reason
+                    self._queue.append((self.proto.send(Error.from_exception(reason)), -1))
+                    self._said_error = True
+                    self._wake.set()
+                    with trio.move_on_after(ERROR_FLUSH_SECONDS):
+                        await self._writer_done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.peering.link_closed(self)
+
+    def close(self, reason: RemoteProtocolError) -> None:
+        """Stop reading; what is queued is flushed, then ERROR ``reason`` (shutdown, a
+        duplicate link, silence)."""
+        if self._closing is None:
+            self._closing = reason
+            self._reader_scope.cancel()
+
+    async def _reader(self) -> RemoteProtocolError | None:
+        proto = self.proto
+        peering = self.peering
+        while True:
+            while True:
+                try:
+                    event = proto.next_event()
+                except RemoteProtocolError as exc:
+                    return exc
+                if event is NEED_DATA:
+                    break
+                if isinstance(event, ConnectionClosed):
+                    return None
+                problem = await peering.handle(self, event)  # type: ignore[arg-type]
+                if problem is not None:
+                    return problem
+            data = await self.stream.receive_some(RECEIVE_SIZE)
+            self.last_heard = trio.current_time()
+            proto.receive_data(data)
+
+    async def _keepalive(self) -> None:
+        interval = self.peering.config.peer_keepalive
+        while True:
+            await trio.sleep(interval / 2)
+            silent = trio.current_time() - self.last_heard
+            if silent > interval * 3:
+                log.warning("peer link silent, closing", peer=self.peer_id, seconds=silent)
+                self.close(
+                    RemoteProtocolError(ErrorCode.IDLE_TIMEOUT, f"nothing heard for {silent:.1f} s")
+                )
+                return
+            if silent > interval:
+                self.send_frame(Ping(id=0))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "address": self.address,
+            "dialled_by": self.dialled_by,
+            "up_seconds": round(time.time() - self.opened, 3),
+            "fwd_out": self.fwd_out,
+            "fwd_in": self.fwd_in,
+            "routes_out": self.routes_out,
+            "routes_in": self.routes_in,
+            "dropped": self.dropped,
+            "queued": len(self._queue),
+            "bytes_out": self.bytes_out,
+        }
+
+
+class Peering:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.self_id = broker.server_id
+        self.incarnation = time.time_ns()
+        self.exchange = RouteExchange(
+            self.self_id, self.incarnation, hop_limit=self.config.hop_limit
+        )
+        self.table = self.exchange.table
+        self.links: dict[str, PeerLink] = {}
+        self.active = False
+        self.counters = PeerCounters()
+        self._flush_wanted = trio.Event()
+        self._changed = trio.Event()
+        self._dialled: dict[str, str] = {}  # configured address -> the peer id found there
+        self._nursery: trio.Nursery | None = None
+        if self.config.peers:
+            self.activate()
+
+    # -- local subscriptions ---------------------------------------------------------------
+
+    def activate(self) -> None:
+        """Start mirroring local filters (once a mesh exists or is configured)."""
+        if self.active:
+            return
+        self.active = True
+        broker = self.broker
+        sessions = {id(s): s for s in (*broker.sessions.values(), *broker.durable.values())}
+        for session in sessions.values():
+            for ref in session.refs.values():
+                self.exchange.local_add(routing.parse_filter(ref.filter, ref.dialect))
+        self._want_flush()
+
+    def local_add(self, flt: routing.Filter) -> None:
+        self.exchange.local_add(flt)
+        self._want_flush()
+
+    def local_remove(self, flt: routing.Filter) -> None:
+        self.exchange.local_remove(flt)
+        self._want_flush()
+
+    def _want_flush(self) -> None:
+        if self.exchange.dirty:
+            self._flush_wanted.set()
+
+    def flush_now(self) -> None:
+        self.dispatch(self.exchange.flush())
+        self._pulse()
+
+    def _pulse(self) -> None:
+        """Wake everyone waiting for an ack or a topology change."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted = trio.Event()
+            if self.config.peer_flush:
+                await trio.sleep(self.config.peer_flush)
+            self.flush_now()
+
+    # -- sync subscribes ---------------------------------------------------------------------
+
+    async def sync(self) -> bool:
+        """Wait until every reachable broker has our routes as they are now."""
+        self.flush_now()
+        wait: SyncWait = self.exchange.sync_wait()
+        self.counters.sync_waits += 1
+        with trio.move_on_after(self.config.sync_timeout):
+            while not self.exchange.sync_settled(wait):
+                await self._changed.wait()
+            return True
+        self.counters.sync_timeouts += 1
+        log.warning("sync subscribe timed out", waiting=sorted(wait.waiting))
+        return False
+
+    # -- messages out ------------------------------------------------------------------------
+
+    def dispatch(self, out: list[tuple[str, Any]]) -> None:
+        frames: dict[int, Frame] = {}
+        for peer, message in out:
+            link = self.links.get(peer)
+            if link is None:
+                continue
+            frame = frames.get(id(message))
+            if frame is None:
+                frame = frames[id(message)] = _to_frame(message)
+            link.send_frame(frame)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def wanting(self, topic: str) -> frozenset[str]:
+        return self.table.wanting(topic)
+
+    def forward(
+        self,
+        message: Message,
+        dedup: bool,
+        dests: frozenset[str],
+        hops: int,
+        source: str,
+    ) -> None:
+        """Send one copy per next hop, each carrying its share of ``dests``."""
+        counters = self.counters
+        split = self.table.split(dests)
+        if split.unreachable:
+            counters.unreachable_dropped += len(split.unreachable)
+        if not split.by_hop:
+            return
+        if hops > self.config.hop_limit:
+            counters.hop_limit_dropped += sum(len(d) for d in split.by_hop.values())
+            return
+        for hop, share in split.by_hop.items():
+            link = self.links.get(hop)
+            if link is None:
+                counters.link_dropped += 1
+                continue
+            if link.send_event(encode_fwd(message, dedup, share, hops, source), message.size):
+                counters.fwd_out += 1
+            else:
+                counters.link_dropped += 1
+
+    def receive_event(self, link: PeerLink, fwd: Fwd) -> DurableWork | None:
+        """A FWD arrived: deliver here if we are a destination, pass the rest on."""
+        from broker.core import QuotaExceeded
+
+        counters = self.counters
+        counters.fwd_in += 1
+        link.fwd_in += 1
+        message = Message(fwd.topic, fwd.payload, fwd.headers, fwd.msg_id)
+        work = None
+        rest = fwd.dests
+        if self.self_id in rest:
+            rest = [d for d in rest if d != self.self_id]
+            broker = self.broker
+            if fwd.dedup and broker.seen_msg_id(fwd.msg_id):
+                counters.duplicates_dropped += 1
+            else:
+                counters.delivered_from_peers += 1
+                try:
+                    work = broker.route_local(message, fwd.msg_id if fwd.dedup else None)
+                except QuotaExceeded:
+                    counters.quota_rejected += 1
+        if rest:
+            self.forward(message, fwd.dedup, frozenset(rest), fwd.hops + 1, fwd.source)
+        return work
+
+    # -- frames in ---------------------------------------------------------------------------
+
+    async def handle(self, link: PeerLink, frame: Frame) -> RemoteProtocolError | None:
+        cls = frame.__class__
+        if cls is Fwd:
+            assert isinstance(frame, Fwd)
+            work = self.receive_event(link, frame)
+            if work is not None:
+                await self.broker.persist(work)
+        elif cls is Route:
+            assert isinstance(frame, Route)
+            if link.role == OBSERVER:
+                return RemoteProtocolError(ErrorCode.NOT_A_PEER, "an observer sends no ROUTE")
+            link.routes_in += 1
+            update = Update(
+                frame.origin,
+                frame.incarnation,
+                frame.seq,
+                snapshot=frame.snapshot,
+                more=frame.more,
+                neighbors=None if frame.neighbors is None else frozenset(frame.neighbors),
+                add=frame.added,
+                remove=frame.removed,
+            )
+            before = self.table.paths()
+            self.dispatch(self.exchange.receive_update(link.peer_id, update))
+            if self.table.paths() is not before:
+                self._pulse()  # reachability changed: sync waits may be settled
+        elif cls is RouteAck:
+            assert isinstance(frame, RouteAck)
+            ack = AckMessage(frame.origin, frame.incarnation, frame.seq, frame.by, frame.hops)
+            self.dispatch(self.exchange.receive_ack(link.peer_id, ack))
+            if frame.origin == self.self_id:
+                self._pulse()
+        elif cls is RouteRequest:
+            assert isinstance(frame, RouteRequest)
+            self.dispatch(
+                self.exchange.receive_request(link.peer_id, RequestMessage(frame.origin))
+            )
+        elif cls is Ping:
+            assert isinstance(frame, Ping)
+            link.send_frame(Pong(id=frame.id))
+        elif cls is Pong:
+            pass
+        elif cls is Error:
+            assert isinstance(frame, Error)
+            log.info("peer said", peer=link.peer_id, code=frame.code, text=frame.text)
+            if frame.closes_connection:
+                return None
+        else:
+            raise AssertionError(f"unhandled peer frame {frame!r}")
+        return None
+
+    # -- links -------------------------------------------------------------------------------
+
+    def _check_hello(
+        self, broker_id: str, incarnation: int, version: int, secret: str | None, role: str
+    ) -> RemoteProtocolError | None:
+        if version != PROTOCOL_VERSION:
+            return RemoteProtocolError(
+                ErrorCode.VERSION_MISMATCH,
+                f"this broker speaks protocol version {PROTOCOL_VERSION}, not {version}",
+            )
+        expected = self.config.peer_secret
+        if expected is not None and secret != expected:
+            return RemoteProtocolError(ErrorCode.AUTH_FAILED, "bad or missing peer secret")
+        if broker_id == self.self_id:
+            return RemoteProtocolError(
+                ErrorCode.BROKER_ID_CLASH, f"{broker_id!r} is this broker's own id"
+            )
+        existing = self.links.get(broker_id)
+        if existing is not None and existing.incarnation != incarnation:
+            return RemoteProtocolError(
+                ErrorCode.BROKER_ID_CLASH,
+                f"a broker with id {broker_id!r} (another incarnation) is already linked",
+            )
+        return None
+
+    def _register(self, link: PeerLink) -> bool:
+        """Add a link after its handshake; of two links between the same pair, keep the one
+        dialled by the lower id (both ends decide the same). False: drop ``link``."""
+        existing = self.links.get(link.peer_id)
+        if existing is not None:
+            if existing.dialled_by == link.dialled_by or link.dialled_by < existing.dialled_by:
+                existing.close(
+                    RemoteProtocolError(ErrorCode.DUPLICATE_LINK, "replaced by another link")
+                )
+                self._forget(existing)
+            else:
+                return False
+        self.links[link.peer_id] = link
+        self.counters.links_opened += 1
+        self.activate()
+        digest_out = self.exchange.link_up(link.peer_id, link.role, link_digest(link))
+        self.dispatch(digest_out)
+        self._want_flush()
+        log.info("peer link up", peer=link.peer_id, role=link.role, address=link.address)
+        return True
+
+    def _forget(self, link: PeerLink) -> None:
+        if self.links.get(link.peer_id) is link:
+            del self.links[link.peer_id]
+            self.exchange.link_down(link.peer_id)
+            self._want_flush()
+            self._pulse()
+
+    def link_closed(self, link: PeerLink) -> None:
+        if self.links.get(link.peer_id) is link:
+            log.info("peer link down", peer=link.peer_id)
+        self._forget(link)
+
+    def _welcome(self) -> PeerWelcome:
+        return PeerWelcome(
+            version=PROTOCOL_VERSION,
+            broker_id=self.self_id,
+            incarnation=self.incarnation,
+            digest={o: list(v) for o, v in self.table.digest().items()},
+            max_frame=self.config.max_frame,
+            keepalive=self.config.peer_keepalive * 3,
+        )
+
+    async def accept(
+        self, stream: trio.abc.Stream, proto: Connection, hello: PeerHello, address: str
+    ) -> None:
+        """A PEER_HELLO arrived on an ordinary connection: answer it and serve the link."""
+        problem = self._check_hello(
+            hello.broker_id, hello.incarnation, hello.version, hello.secret, hello.role
+        )
+        if problem is not None:
+            self.counters.links_refused += 1
+            log.warning("peer refused", peer=hello.broker_id, code=str(problem.code))
+            await _send_error(stream, proto, problem)
+            return
+        await stream.send_all(proto.send(self._welcome()))
+        link = PeerLink(
+            self,
+            stream,
+            proto,
+            hello.broker_id,
+            hello.role,
+            hello.incarnation,
+            dialled_by=hello.broker_id,
+            address=address,
+        )
+        link._their_digest = hello.digest  # type: ignore[attr-defined]
+        if not self._register(link):
+            await _send_error(
+                stream,
+                proto,
+                RemoteProtocolError(ErrorCode.DUPLICATE_LINK, "a link between us already exists"),
+            )
+            return
+        await link.run()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._flush_loop)
+            for address in self.config.peers:
+                nursery.start_soon(self._dial_loop, address)
+            task_status.started()
+
+    def shutdown(self) -> None:
+        for link in list(self.links.values()):
+            link.close(RemoteProtocolError(ErrorCode.SHUTTING_DOWN, "the broker is shutting down"))
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _dial_loop(self, address: str) -> None:
+        parsed = parse_host_port(address)
+        assert parsed is not None  # checked with the config
+        host, port = parsed
+        backoff = BACKOFF_MIN
+        while True:
+            known = self._dialled.get(address)
+            while known is not None and known in self.links:
+                await self._changed.wait()  # linked already (they dialled us): wait for it to go
+            opened = False
+            try:
+                stream = await trio.open_tcp_stream(host, port)
+            except OSError as exc:
+                log.debug("peer dial failed", address=address, error=str(exc))
+            else:
+                try:
+                    opened = await self._dial(stream, address)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    log.info("peer link lost", address=address, error=str(exc))
+                finally:
+                    await trio.aclose_forcefully(stream)
+            if opened:
+                backoff = BACKOFF_MIN
+            await trio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, self.config.peer_backoff_max)
+
+    async def _dial(self, stream: trio.abc.Stream, address: str) -> bool:
+        """Handshake as the dialler and serve the link; True if the link opened."""
+        proto = Connection(Role.PEER, max_frame=self.config.max_frame)
+        hello = PeerHello(
+            version=PROTOCOL_VERSION,
+            broker_id=self.self_id,
+            incarnation=self.incarnation,
+            role=BROKER,
+            secret=self.config.peer_secret,
+            digest={o: list(v) for o, v in self.table.digest().items()},
+            keepalive=self.config.peer_keepalive,
+        )
+        await stream.send_all(proto.send(hello))
+        frame = None
+        with trio.move_on_after(HANDSHAKE_TIMEOUT):
+            while True:
+                event = proto.next_event()
+                if event is NEED_DATA:
+                    proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
+                    continue
+                frame = event
+                break
+        if isinstance(frame, Error):
+            log.error("peer refused us", address=address, code=frame.code, text=frame.text)
+            return False
+        if not isinstance(frame, PeerWelcome):
+            return False
+        self._dialled[address] = frame.broker_id
+        if frame.broker_id == self.self_id:
+            log.error("peer has our own id", address=address, broker_id=frame.broker_id)
+            await _send_error(
+                stream,
+                proto,
+                RemoteProtocolError(ErrorCode.BROKER_ID_CLASH, "you have my broker id"),
+            )
+            return False
+        link = PeerLink(
+            self,
+            stream,
+            proto,
+            frame.broker_id,
+            BROKER,
+            frame.incarnation,
+            dialled_by=self.self_id,
+            address=address,
+        )
+        link._their_digest = frame.digest  # type: ignore[attr-defined]
+        if not self._register(link):
+            await _send_error(
+                stream,
+                proto,
+                RemoteProtocolError(ErrorCode.DUPLICATE_LINK, "a link between us already exists"),
+            )
+            return True
+        await link.run()
+        return True
+
+    # -- operators ---------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        info = self.exchange.describe()
+        info["active"] = self.active
+        info["links"] = {peer: link.describe() for peer, link in sorted(self.links.items())}
+        info["counters"] = {
+            name: getattr(self.counters, name) for name in PeerCounters.__dataclass_fields__
+        }
+        return info
+
+    def stats(self) -> dict[str, Any]:
+        counters = {
+            name: getattr(self.counters, name) for name in PeerCounters.__dataclass_fields__
+        }
+        counters["links"] = {peer: link.describe() for peer, link in sorted(self.links.items())}
+        counters["reachable"] = len(self.table.reachable())
+        counters["remote_filters"] = len(self.table.remote)
+        return counters
+
+
+def link_digest(link: PeerLink) -> dict[str, tuple[int, int]]:
+    raw = getattr(link, "_their_digest", {}) or {}
+    return {origin: (int(v[0]), int(v[1])) for origin, v in raw.items()}
+
+
+async def _send_error(
+    stream: trio.abc.Stream, proto: Connection, problem: RemoteProtocolError
+) -> None:
+    try:
+        await stream.send_all(proto.send(Error.from_exception(problem)))
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+    with trio.move_on_after(0.5):  # linger so the ERROR is not lost to a reset
+        try:
+            while await stream.receive_some(RECEIVE_SIZE):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+def _to_frame(message: Any) -> Frame:
+    if isinstance(message, Update):
+        return Route.build(
+            origin=message.origin,
+            incarnation=message.incarnation,
+            seq=message.seq,
+            snapshot=message.snapshot,
+            more=message.more,
+            neighbors=None if message.neighbors is None else sorted(message.neighbors),
+            add=message.add,
+            remove=message.remove,
+        )
+    if isinstance(message, AckMessage):
+        return RouteAck(
+            origin=message.origin,
+            incarnation=message.incarnation,
+            seq=message.seq,
+            by=message.by,
+            hops=message.hops,
+        )
+    if isinstance(message, RequestMessage):
+        return RouteRequest(origin=message.origin)
+    raise AssertionError(message)
+
+
+__all__ = ["PeerLink", "Peering"]
