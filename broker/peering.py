@@ -427,6 +427,8 @@ class Peering:
             self.dispatch(self.exchange.receive_update(link.peer_id, update))
             if self.table.paths() is not before:
                 self._pulse()  # reachability changed: sync waits may be settled
+            # A storm arrives as many ROUTEs in one read; let clients be served between them.
+            await trio.lowlevel.checkpoint()
         elif cls is RouteAck:
             assert isinstance(frame, RouteAck)
             ack = AckMessage(frame.origin, frame.incarnation, frame.seq, frame.by, frame.hops)

@@ -10,6 +10,7 @@ whole scheme.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,7 +19,7 @@ from routing.filters import Filter
 from routing.table import SubscriptionTable
 
 #: Filter changes per update frame; a snapshot or a big delta is split into several.
-ROUTE_BATCH = 1000
+ROUTE_BATCH = 250
 
 Version = tuple[int, int]  # (incarnation, seq); compared as a tuple
 
@@ -71,6 +72,10 @@ class Split:
 
 
 _NOWHERE = Split({}, ())
+
+
+def _filter_order(flt: Filter) -> tuple[str, str]:
+    return (flt.text, flt.dialect)
 
 
 class RouteTable:
@@ -249,7 +254,7 @@ class RouteTable:
     def snapshot(self, origin: str) -> list[Update]:
         """The whole state of ``origin`` as snapshot parts of at most ROUTE_BATCH filters."""
         state = self.origins[origin]
-        filters = sorted(state.filters, key=lambda f: (f.text, f.dialect))
+        filters = sorted(state.filters, key=_filter_order)
         chunks = [
             tuple(filters[i : i + ROUTE_BATCH]) for i in range(0, len(filters), ROUTE_BATCH)
         ] or [()]
@@ -357,13 +362,16 @@ class RouteTable:
         origins = {}
         for origin, state in sorted(self.origins.items()):
             path = paths.get(origin)
-            texts = sorted([f.text, f.dialect] for f in state.filters)
+            texts = [
+                [f.text, f.dialect]
+                for f in heapq.nsmallest(filter_limit, state.filters, key=_filter_order)
+            ]
             entry: dict[str, object] = {
                 "incarnation": state.incarnation,
                 "seq": state.seq,
                 "neighbors": sorted(state.neighbors),
                 "filters": texts[:filter_limit],
-                "filter_count": len(texts),
+                "filter_count": len(state.filters),
                 "reachable": origin == self.root or path is not None,
                 "next_hop": None if path is None else path[0],
                 "distance": 0 if origin == self.root else (None if path is None else path[1]),

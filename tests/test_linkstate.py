@@ -272,9 +272,10 @@ def test_a_snapshot_larger_than_one_frame_goes_in_parts_and_applies_at_the_last(
 
 def test_a_big_local_change_is_split_into_several_numbered_deltas() -> None:
     table = RouteTable("me", 1)
-    updates = table.own_updates(add=[routing.parse_filter(f"f/{i}") for i in range(2500)])
+    count = ROUTE_BATCH * 2 + 1
+    updates = table.own_updates(add=[routing.parse_filter(f"f/{i}") for i in range(count)])
     assert [u.seq for u in updates] == [1, 2, 3]
-    assert sum(len(u.add) for u in updates) == 2500
+    assert sum(len(u.add) for u in updates) == count
 
 
 def test_an_update_claiming_our_own_id_under_a_newer_incarnation_is_a_clash() -> None:
