@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from routing.covering import covers
-from routing.filters import STAR, Filter
+from routing.filters import NATIVE, STAR, Filter
 from routing.trie import MatchTrie
 
 # The value a sample gives a wildcard level: one byte, like the `*`, `+`, `>` or `#` it
@@ -67,6 +67,9 @@ def sample_levels(flt: Filter) -> tuple[str, ...] | None:
     filter). Each level is no longer than the filter level it comes from, so
     the sample is within the byte and level limits whenever ``flt`` is.
     """
+    if flt.dialect == NATIVE and "*" not in flt.text:  # literals, maybe a trailing '>'
+        literals: tuple[str, ...] = flt.levels  # type: ignore[assignment]
+        return literals if flt.rest is None else (*literals, _FILL)
     levels: list[str] = []
     for i, token in enumerate(flt.levels):
         if token.__class__ is str:
@@ -164,7 +167,7 @@ class _SampleIndex:
             token = tokens[i]
             if token.__class__ is str:
                 child = node.get(token)  # type: ignore[call-overload]
-                if child is not None and token != "b":
+                if child is not None:
                     stack.append((child, i + 1))
                 continue
             prefix = "" if token is STAR else token.prefix  # type: ignore[union-attr]
@@ -336,22 +339,28 @@ class Summarizer:
             advertised[flt] = None
         return SummaryChange(tuple(advertised), tuple(withdrawn))
 
-    def _widest_first(self, flt: Filter) -> tuple[int, int, bool, int, int]:
-        """Sort key: a coverer usually sorts before what it covers; ties go to the oldest.
+    def _widest_first(self, flt: Filter) -> tuple[int, int, int, bool, int, int]:
+        """Sort key: a coverer sorts before what it covers; ties go to the oldest.
 
         A coverer's literal levels are a subset of the covered filter's, so
-        it has no more of them; at equal literals no more prefix levels; then
-        a trailing ``>``/``#`` before none, fewer required levels first.
+        it has no more of them; at equal literals its prefix levels are as
+        many and no longer; then a trailing ``>``/``#`` before none, fewer
+        required levels first (a topic has one at least). So a filter that
+        strictly covers another sorts before it, and a covering pair ties
+        only when the two are equivalent (checked over a small alphabet; the
+        byte limit could make odd exceptions): the oldest is advertised, as
+        when they are added.
         """
-        literals = prefixes = 0
+        literals = prefixes = prefix_chars = 0
         for token in flt.levels:
             if token.__class__ is str:
                 literals += 1
             elif token is not STAR:
                 prefixes += 1
+                prefix_chars += len(token.prefix)  # type: ignore[union-attr]
         rest = flt.rest
-        required = len(flt.levels) + (rest.min_levels if rest is not None else 0)
-        return (literals, prefixes, rest is None, required, self._info[flt][1])
+        required = max(len(flt.levels) + (rest.min_levels if rest is not None else 0), 1)
+        return (literals, prefixes, prefix_chars, rest is None, required, self._info[flt][1])
 
     def _advertise(self, flt: Filter) -> None:
         self._advertised[flt] = None

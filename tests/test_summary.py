@@ -68,12 +68,29 @@ def test_adding_a_coverer_withdraws_what_it_covers_in_one_change() -> None:
     assert summary.advertised == {f("beacon/eu/>")}
 
 
-def test_uncovered_filters_that_nest_advertise_only_the_widest() -> None:
+def remove_a_coverer_of_nested_filters() -> SummaryChange:
     summary = Summarizer()
     summary.add(f("beacon/>"))
     for text in ("beacon/eu/de/site1", "beacon/eu/*/site1", "beacon/eu/>", "beacon/eu/d*/>"):
         summary.add(f(text))
-    change = summary.remove(f("beacon/>"))
+    return summary.remove(f("beacon/>"))
+
+
+def test_uncovered_filters_that_nest_advertise_only_the_widest() -> None:
+    change = remove_a_coverer_of_nested_filters()
+    assert change == SummaryChange((f("beacon/eu/>"),), (f("beacon/>"),))
+
+
+def test_the_change_does_not_depend_on_the_order_uncovered_filters_are_tried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Narrowest first: each is advertised, then withdrawn again by a wider one in the same
+    # pass, and must drop out of the change rather than be listed as advertised and withdrawn.
+    widest_first = Summarizer._widest_first
+    monkeypatch.setattr(
+        Summarizer, "_widest_first", lambda self, flt: [-k for k in widest_first(self, flt)]
+    )
+    change = remove_a_coverer_of_nested_filters()
     assert change == SummaryChange((f("beacon/eu/>"),), (f("beacon/>"),))
 
 
@@ -152,7 +169,7 @@ def test_removing_the_advertised_twin_advertises_the_other() -> None:
     assert change == SummaryChange((f("a/+", MQTT),), (f("a/*"),))
 
 
-def test_a_twin_added_later_still_covers_when_a_wider_filter_goes() -> None:
+def test_when_a_coverer_goes_the_oldest_of_equivalent_filters_is_advertised() -> None:
     summary = Summarizer()
     summary.add(f("a/>"))
     summary.add(f("a/+", MQTT))
@@ -176,6 +193,15 @@ def test_a_system_filter_covers_system_topics_below_it() -> None:
     assert not summary.add(f("$sys/a/b"))
     change = summary.add(f("$sys/#", MQTT))  # also matches "$sys": wider
     assert change == SummaryChange((f("$sys/#", MQTT),), (f("$sys/>"),))
+
+
+def test_a_dollar_level_below_the_first_is_an_ordinary_level() -> None:
+    summary = Summarizer()
+    summary.add(f("a/$s"))
+    summary.add(f("a/$s*/b"))
+    change = summary.add(f("a/>"))
+    assert change.advertise == (f("a/>"),)
+    assert set(change.withdraw) == {f("a/$s"), f("a/$s*/b")}
 
 
 def test_a_catch_all_does_not_withdraw_system_filters() -> None:
@@ -269,6 +295,8 @@ class SummaryModel(RuleBasedStateMachine):
         self.summary = Summarizer()
         self.refs: dict[Filter, int] = {}
         self.mirror: set[Filter] = set()  # what a peer built from the deltas
+        self.arrivals: dict[Filter, int] = {}  # when each local filter was first added
+        self.clock = 0
 
     held = Bundle("held")
 
@@ -287,6 +315,9 @@ class SummaryModel(RuleBasedStateMachine):
         if flt in self.refs:
             assert not change
         self.refs[flt] = self.refs.get(flt, 0) + 1
+        if flt not in self.arrivals:
+            self.clock += 1
+            self.arrivals[flt] = self.clock
         self.apply(change)
         return flt
 
@@ -302,6 +333,7 @@ class SummaryModel(RuleBasedStateMachine):
             assert not change
         else:
             del self.refs[flt]
+            del self.arrivals[flt]
         self.apply(change)
 
     @invariant()
@@ -329,6 +361,13 @@ class SummaryModel(RuleBasedStateMachine):
             if matches_nothing(flt) or flt in advertised:
                 continue
             assert any(covers(other, flt) for other in advertised), flt
+
+    @invariant()
+    def of_equivalent_filters_the_oldest_is_advertised(self) -> None:
+        for flt in self.summary.advertised:
+            for other in self.refs:
+                if covers(flt, other) and covers(other, flt) and not matches_nothing(other):
+                    assert self.arrivals[other] >= self.arrivals[flt], (flt, other)
 
     @invariant()
     def counts_agree(self) -> None:
