@@ -40,7 +40,7 @@ from broker.frames import (
 )
 from broker.log import get_logger
 from broker.message import Message, encode_fwd
-from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
+from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role, State
 from routing.exchange import BROKER, OBSERVER, RouteExchange, SyncWait
 from routing.exchange import RouteAck as AckMessage
 from routing.exchange import RouteRequest as RequestMessage
@@ -114,6 +114,8 @@ class PeerLink:
 
     def send_frame(self, frame: Frame) -> None:
         """Route state and control: never dropped (bounded by the size of the state)."""
+        if self.proto.state is not State.PEER_OPEN or self._closing is not None:
+            return  # closing: nothing more goes out (the peering forgets the link next)
         if isinstance(frame, Route):
             self.routes_out += 1
         self._queue.append((self.proto.send(frame), -1))
@@ -122,7 +124,7 @@ class PeerLink:
     def send_event(self, data: bytes, size: int) -> bool:
         """Queue a FWD; False (dropped) when the queue is past its bounds."""
         config = self.peering.config
-        if self._events >= config.peer_queue_messages or (
+        if self._closing is not None or self._events >= config.peer_queue_messages or (
             self._event_bytes + size > config.peer_queue_bytes and self._events
         ):
             self.dropped += 1
@@ -178,7 +180,8 @@ class PeerLink:
                         self._broken = True
                 if self._reader_scope.cancelled_caught:
                     reason = self._closing
-                if reason is not None and not self._broken:
+                self.peering.link_closed(self)  # no new frames for it from here on
+                if reason is not None and not self._broken and self._may_say_error():
                     log.info(
                         "peer link closing", peer=self.peer_id, code=str(reason.code),
                         why=reason.text,
@@ -192,6 +195,11 @@ class PeerLink:
                 nursery.cancel_scope.cancel()
         finally:
             self.peering.link_closed(self)
+            self.peering.counters.link_dropped += self._events  # queued, never sent
+
+    def _may_say_error(self) -> bool:
+        """Not after the peer's own closing ERROR or EOF: then it is not listening."""
+        return self.proto.state in (State.PEER_OPEN, State.ERROR)
 
     def close(self, reason: RemoteProtocolError) -> None:
         """Stop reading; what is queued is flushed, then ERROR ``reason`` (shutdown, a
@@ -213,6 +221,12 @@ class PeerLink:
                     break
                 if isinstance(event, ConnectionClosed):
                     return None
+                if isinstance(event, Error) and event.closes_connection:
+                    log.info(
+                        "peer closed the link", peer=self.peer_id, code=event.code,
+                        text=event.text,
+                    )
+                    return None  # it said why; nothing more to read or to answer
                 problem = await peering.handle(self, event)  # type: ignore[arg-type]
                 if problem is not None:
                     return problem

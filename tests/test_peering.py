@@ -313,3 +313,18 @@ async def test_shutting_down_a_broker_takes_its_routes_out_of_its_peers_tables()
         await wait_for(lambda: reachable(a) == set())
         split = a.broker.peering.table.split(a.broker.peering.table.wanting("gone/x"))
         assert split.by_hop == {}
+
+
+async def test_a_link_the_peer_closed_with_an_error_is_forgotten_before_its_socket_closes(
+) -> None:
+    async with running_broker(server_id="a", **FAST) as a:
+        peer = await fake_peer(a)
+        error = {"type": "ERROR", "code": "IDLE_TIMEOUT", "text": "nothing heard"}
+        await peer.send(frame(error))  # and keep the socket open
+        await wait_for(lambda: "p" not in a.broker.peering.links)
+        async with connect(server_text(a)) as client:
+            async with client.subscribe("after/close"):  # a route change to flood
+                await trio.sleep(0.05)
+            assert (await client.stats())["connections"] >= 1  # still serving
+        await peer.aclose()
+

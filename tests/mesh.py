@@ -1,0 +1,409 @@
+"""A mesh of real ``topiary serve`` processes on 127.0.0.1, for end-to-end peering tests.
+
+    async with Mesh(*RING4, tmp_path) as mesh:       # started and fully converged
+        async with connect(mesh.address("r2")) as client:
+            ...
+        mesh.kill("r1")
+        seconds = await mesh.wait_converged(mesh.expected_reachable(), timeout=10)
+
+Each broker is a subprocess with ``--broker-id ID``, a ``[peering]`` config with short
+timers (keepalive 0.3 s, so a silent link closes after ~1 s), and one ``--peer`` flag per
+edge it dials: for an edge ``(a, b)`` only ``a`` dials. A broker keeps its port across
+``restart``. ``stop``/``cont`` freeze a broker (SIGSTOP/SIGCONT): its sockets stay open but
+nothing answers, so its neighbours only notice by keepalive. Every wait is bounded, and
+a timeout's message carries the tail of each broker's stderr (kept in ``tmp_path``).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from broker.client import BrokerError, ConnectionLost, connect
+from tests.test_cli import TOPIARY, free_port
+
+Edges = list[tuple[str, str]]
+
+# -- topologies as data: (ids, edges); for an edge (a, b), a dials b -------------------------
+
+LINE = (["a", "b", "c"], [("a", "b"), ("b", "c")])
+RING4 = (["r0", "r1", "r2", "r3"], [("r0", "r1"), ("r1", "r2"), ("r2", "r3"), ("r3", "r0")])
+STAR5 = (["hub", "s1", "s2", "s3", "s4"], [("hub", f"s{i}") for i in range(1, 5)])
+
+
+def grid(n: int) -> tuple[list[str], Edges]:
+    """``n`` x ``n`` brokers ``g00`` .. ``g{n-1}{n-1}``, linked to their right and lower
+    neighbours."""
+    ids = [f"g{r}{c}" for r in range(n) for c in range(n)]
+    edges = []
+    for r in range(n):
+        for c in range(n):
+            if c + 1 < n:
+                edges.append((f"g{r}{c}", f"g{r}{c + 1}"))
+            if r + 1 < n:
+                edges.append((f"g{r}{c}", f"g{r + 1}{c}"))
+    return ids, edges
+
+
+GRID3 = grid(3)
+TOPOLOGIES: dict[str, tuple[list[str], Edges]] = {
+    "line": LINE,
+    "ring4": RING4,
+    "star5": STAR5,
+    "grid3x3": GRID3,
+}
+
+CONFIG = """\
+[peering]
+keepalive = 0.3
+flush = 0.005
+backoff_max = 0.3
+sync_timeout = 5.0
+"""
+
+QUERY_TIMEOUT = 2.0  # one stats/routes request to one broker
+
+
+class BrokerDied(AssertionError):
+    """A broker process exited that the test did not kill; ``log`` is its stderr."""
+
+    def __init__(self, node: str, code: int, log: str) -> None:
+        tail = "".join(log.splitlines(keepends=True)[-30:])
+        super().__init__(f"broker {node} exited with status {code}; its stderr ends:\n{tail}")
+        self.node = node
+        self.code = code
+        self.log = log
+
+
+def components(ids: set[str], edges: Edges) -> dict[str, set[str]]:
+    """Each id -> the other ids it can reach over ``edges`` restricted to ``ids``."""
+    adjacency: dict[str, set[str]] = {node: set() for node in ids}
+    for a, b in edges:
+        if a in ids and b in ids:
+            adjacency[a].add(b)
+            adjacency[b].add(a)
+    result = {}
+    for node in ids:
+        seen = {node}
+        todo = [node]
+        while todo:
+            for other in adjacency[todo.pop()]:
+                if other not in seen:
+                    seen.add(other)
+                    todo.append(other)
+        result[node] = seen - {node}
+    return result
+
+
+def reachable_in(routes: dict[str, Any]) -> set[str]:
+    """The other brokers a ``routes()`` reply lists as reachable."""
+    me = routes["broker_id"]
+    return {o for o, entry in routes["origins"].items() if entry["reachable"] and o != me}
+
+
+class Mesh:
+    def __init__(self, ids: list[str], edges: Edges, tmp_path: Path) -> None:
+        self.ids = list(ids)
+        self.edges = list(edges)
+        self.dir = Path(tmp_path)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ports = {node: free_port() for node in self.ids}
+        self.config = self.dir / "mesh.toml"
+        self.config.write_text(CONFIG)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopped: set[str] = set()
+        self.down: set[str] = set()  # killed and not restarted
+
+    # -- processes ------------------------------------------------------------------------
+
+    def address(self, node: str) -> str:
+        return f"127.0.0.1:{self.ports[node]}"
+
+    def args(self, node: str) -> list[str]:
+        peers = [f"--peer={self.address(b)}" for a, b in self.edges if a == node]
+        return [
+            *TOPIARY, "serve", "--port", str(self.ports[node]), "--broker-id", node,
+            "--config", str(self.config), "--log-format", "json", *peers,
+        ]  # fmt: skip
+
+    def log_path(self, node: str) -> Path:
+        return self.dir / f"{node}.stderr"
+
+    def _spawn(self, node: str) -> None:
+        with open(self.log_path(node), "ab") as log:
+            log.write(f"--- start {time.strftime('%H:%M:%S')} ---\n".encode())
+            log.flush()
+            self.procs[node] = subprocess.Popen(
+                self.args(node), stdout=subprocess.DEVNULL, stderr=log
+            )
+        self.down.discard(node)
+        self.stopped.discard(node)
+
+    def _wait_listening(self, nodes: list[str], seconds: float = 20.0) -> None:
+        deadline = time.monotonic() + seconds
+        pending = list(nodes)
+        while pending:
+            node = pending[0]
+            proc = self.procs[node]
+            if proc.poll() is not None:
+                raise AssertionError(f"{node} exited with {proc.returncode}\n{self.logs([node])}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.ports[node]), timeout=0.2):
+                    pending.pop(0)
+                    continue
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{node} did not start listening\n{self.logs([node])}")
+            time.sleep(0.02)
+
+    def start(self) -> None:
+        """Start every broker at once and wait until each one listens (not converged yet:
+        ``await ready()`` for that)."""
+        for node in self.ids:
+            self._spawn(node)
+        self._wait_listening(self.ids)
+
+    async def ready(self, timeout: float = 20.0) -> float:
+        """Wait until every broker lists every other one as reachable."""
+        return await self.wait_converged(self.expected_reachable(), timeout, edges=self.edges)
+
+    def kill(self, node: str) -> None:
+        """SIGKILL: no goodbye; the kernel closes its sockets, so neighbours see EOF."""
+        proc = self.procs[node]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        self.down.add(node)
+        self.stopped.discard(node)
+
+    def restart(self, node: str) -> None:
+        """Start ``node`` again, same port and arguments (a new incarnation)."""
+        if self.procs[node].poll() is None:
+            self.kill(node)
+        self._spawn(node)
+        self._wait_listening([node])
+
+    def stop(self, node: str) -> None:
+        """SIGSTOP: frozen with its sockets open; links die by keepalive."""
+        self.procs[node].send_signal(signal.SIGSTOP)
+        self.stopped.add(node)
+
+    def cont(self, node: str) -> None:
+        self.procs[node].send_signal(signal.SIGCONT)
+        self.stopped.discard(node)
+
+    def alive(self) -> set[str]:
+        """Brokers running and not frozen."""
+        return {
+            node
+            for node in self.ids
+            if node not in self.stopped and node not in self.down
+            and self.procs[node].poll() is None
+        }  # fmt: skip
+
+    def check_running(self) -> None:
+        """Raise BrokerDied if a broker exited that was not killed on purpose."""
+        for node, proc in self.procs.items():
+            if node not in self.down and proc.poll() is not None:
+                raise BrokerDied(node, proc.returncode, self.log_path(node).read_text("utf-8"))
+
+    def healthy(self) -> bool:
+        return self.alive() == set(self.ids)
+
+    def close(self) -> None:
+        """SIGTERM everyone (after SIGCONT for the frozen), wait, SIGKILL stragglers."""
+        for node, proc in self.procs.items():
+            if proc.poll() is None:
+                if node in self.stopped:
+                    proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.stopped.clear()
+
+    def __enter__(self) -> Mesh:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+        if exc_info[0] is not None:
+            print(self.logs())
+
+    async def __aenter__(self) -> Mesh:
+        self.start()
+        try:
+            await self.ready()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__(*exc_info)
+
+    def logs(self, nodes: list[str] | None = None, lines: int = 30) -> str:
+        parts = []
+        for node in nodes or self.ids:
+            path = self.log_path(node)
+            tail: deque[str] = deque(maxlen=lines)
+            if path.exists():
+                with open(path, errors="replace") as f:
+                    tail.extend(f)
+            parts.append(f"== {node} stderr ({path}) ==\n{''.join(tail)}")
+        return "\n".join(parts)
+
+    # -- asking the brokers ----------------------------------------------------------------
+
+    async def _ask(self, node: str, what: str) -> dict[str, Any]:
+        if node in self.stopped or node in self.down:
+            raise AssertionError(f"{node} is not running")
+        with trio.fail_after(QUERY_TIMEOUT):
+            async with connect(self.address(node)) as client:
+                return await (client.stats() if what == "stats" else client.routes())
+
+    async def stats(self, node: str) -> dict[str, Any]:
+        return await self._ask(node, "stats")
+
+    async def routes(self, node: str) -> dict[str, Any]:
+        return await self._ask(node, "routes")
+
+    async def fwd_out(self) -> dict[tuple[str, str], int]:
+        """FWD frames sent per directed link ``(from, to)``, from every running broker."""
+        counts = {}
+        for node in sorted(self.alive()):
+            for peer, link in (await self.stats(node)).get("peering", {}).get("links", {}).items():
+                counts[node, peer] = link["fwd_out"]
+        return counts
+
+    async def fwd_in(self) -> dict[tuple[str, str], int]:
+        """FWD frames received per directed link ``(from, to)``."""
+        counts = {}
+        for node in sorted(self.alive()):
+            for peer, link in (await self.stats(node)).get("peering", {}).get("links", {}).items():
+                counts[peer, node] = link["fwd_in"]
+        return counts
+
+    def expected_reachable(self) -> dict[str, set[str]]:
+        """What each running broker should list as reachable: the others of its connected
+        component in the graph of running brokers."""
+        return components(self.alive(), self.edges)
+
+    async def wait_converged(
+        self,
+        expected: dict[str, set[str]],
+        timeout: float = 10.0,
+        *,
+        edges: Edges | None = None,
+        poll: float = 0.05,
+    ) -> float:
+        """Poll ``routes()`` until each broker in ``expected`` lists exactly the given others
+        as reachable (and, with ``edges``, has the distance and next hop of a shortest path
+        on that graph, lowest id first); return the seconds it took."""
+        from tests.test_linkstate import distances, reference_next_hop
+
+        started = trio.current_time()
+        want_paths: dict[str, dict[str, tuple[str, int]]] = {}
+        if edges is not None:
+            live = [(a, b) for a, b in edges if a in expected and b in expected]
+            for node, others in expected.items():
+                dist = distances(live, node)
+                want_paths[node] = {o: (reference_next_hop(live, node, o), dist[o]) for o in others}
+        last: dict[str, object] = {}
+        with trio.move_on_after(timeout):
+            while True:
+                self.check_running()
+                ok = True
+                for node, others in expected.items():
+                    try:
+                        routes = await self.routes(node)
+                    except (
+                        OSError,
+                        trio.TooSlowError,
+                        trio.BrokenResourceError,
+                        ConnectionLost,
+                        BrokerError,
+                    ) as exc:
+                        last[node] = repr(exc)
+                        ok = False
+                        break
+                    got = reachable_in(routes)
+                    last[node] = got
+                    if got != others:
+                        ok = False
+                        break
+                    if node in want_paths:
+                        paths = {
+                            o: (e["next_hop"], e["distance"])
+                            for o, e in routes["origins"].items()
+                            if o in others
+                        }
+                        last[node] = paths
+                        if paths != want_paths[node]:
+                            ok = False
+                            break
+                if ok:
+                    return trio.current_time() - started
+                await trio.sleep(poll)
+        raise AssertionError(
+            f"not converged after {timeout} s: expected {expected}, last seen {last}\n"
+            f"{self.logs(sorted(expected))}"
+        )
+
+
+class MeshPool:
+    """One running mesh at a time, by topology name, shared by the tests of a module: a
+    test asks for ``await pool.get("ring4")`` and gets the running mesh if it is whole,
+    else a fresh one (any other mesh is closed first)."""
+
+    def __init__(self, tmp_dir: Path) -> None:
+        self.dir = tmp_dir
+        self.name: str | None = None
+        self.mesh: Mesh | None = None
+        self.generation = 0
+
+    async def get(self, name: str, timeout: float = 20.0) -> Mesh:
+        mesh = self.mesh
+        if mesh is not None and (self.name != name or not mesh.healthy()):
+            self.close()
+            mesh = None
+        if mesh is None:
+            ids, edges = TOPOLOGIES[name]
+            self.generation += 1
+            mesh = Mesh(ids, edges, self.dir / f"{name}-{self.generation}")
+            self.mesh, self.name = mesh, name
+            mesh.start()
+        await mesh.wait_converged(mesh.expected_reachable(), timeout, edges=mesh.edges)
+        return mesh
+
+    def close(self) -> None:
+        if self.mesh is not None:
+            self.mesh.close()
+        self.mesh = self.name = None
+
+
+__all__ = [
+    "GRID3",
+    "LINE",
+    "RING4",
+    "STAR5",
+    "TOPOLOGIES",
+    "BrokerDied",
+    "Mesh",
+    "MeshPool",
+    "components",
+    "grid",
+    "reachable_in",
+]
