@@ -86,6 +86,7 @@ class PeerLink:
         incarnation: int,
         dialled_by: str,
         address: str,
+        digest: dict[str, list[int]],
     ) -> None:
         self.peering = peering
         self.stream = stream
@@ -95,6 +96,7 @@ class PeerLink:
         self.incarnation = incarnation
         self.dialled_by = dialled_by
         self.address = address
+        self.digest = {origin: (int(v[0]), int(v[1])) for origin, v in digest.items()}
         self.opened = time.time()
         self.last_heard = trio.current_time()
         self._queue: deque[tuple[bytes, int]] = deque()  # (frame, payload size; -1: control)
@@ -508,8 +510,7 @@ class Peering:
         self.links[link.peer_id] = link
         self.counters.links_opened += 1
         self.activate()
-        digest_out = self.exchange.link_up(link.peer_id, link.role, link_digest(link))
-        self.dispatch(digest_out)
+        self.dispatch(self.exchange.link_up(link.peer_id, link.role, link.digest))
         self._want_flush()
         log.info("peer link up", peer=link.peer_id, role=link.role, address=link.address)
         return True
@@ -550,24 +551,10 @@ class Peering:
             return
         await stream.send_all(proto.send(self._welcome()))
         link = PeerLink(
-            self,
-            stream,
-            proto,
-            hello.broker_id,
-            hello.role,
-            hello.incarnation,
-            dialled_by=hello.broker_id,
-            address=address,
-        )
-        link._their_digest = hello.digest  # type: ignore[attr-defined]
-        if not self._register(link):
-            await _send_error(
-                stream,
-                proto,
-                RemoteProtocolError(ErrorCode.DUPLICATE_LINK, "a link between us already exists"),
-            )
-            return
-        await link.run()
+            self, stream, proto, hello.broker_id, hello.role, hello.incarnation,
+            dialled_by=hello.broker_id, address=address, digest=hello.digest,
+        )  # fmt: skip
+        await self._serve_link(link)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -646,25 +633,22 @@ class Peering:
             )
             return False
         link = PeerLink(
-            self,
-            stream,
-            proto,
-            frame.broker_id,
-            BROKER,
-            frame.incarnation,
-            dialled_by=self.self_id,
-            address=address,
-        )
-        link._their_digest = frame.digest  # type: ignore[attr-defined]
+            self, stream, proto, frame.broker_id, BROKER, frame.incarnation,
+            dialled_by=self.self_id, address=address, digest=frame.digest,
+        )  # fmt: skip
+        await self._serve_link(link)
+        return True
+
+    async def _serve_link(self, link: PeerLink) -> None:
+        """Register a link whose handshake is done and serve it, or refuse a duplicate."""
         if not self._register(link):
             await _send_error(
-                stream,
-                proto,
+                link.stream,
+                link.proto,
                 RemoteProtocolError(ErrorCode.DUPLICATE_LINK, "a link between us already exists"),
             )
-            return True
+            return
         await link.run()
-        return True
 
     # -- operators ---------------------------------------------------------------------------
 
@@ -685,11 +669,6 @@ class Peering:
         counters["reachable"] = len(self.table.reachable())
         counters["remote_filters"] = len(self.table.remote)
         return counters
-
-
-def link_digest(link: PeerLink) -> dict[str, tuple[int, int]]:
-    raw = getattr(link, "_their_digest", {}) or {}
-    return {origin: (int(v[0]), int(v[1])) for origin, v in raw.items()}
 
 
 async def _send_error(

@@ -138,18 +138,6 @@ class SimMesh:
             self._spread(receiver, event, topic, rest, hops)
 
 
-def grid(n: int) -> tuple[list[str], list[tuple[str, str]]]:
-    ids = [f"g{r}{c}" for r in range(n) for c in range(n)]
-    edges = []
-    for r in range(n):
-        for c in range(n):
-            if c + 1 < n:
-                edges.append((f"g{r}{c}", f"g{r}{c + 1}"))
-            if r + 1 < n:
-                edges.append((f"g{r}{c}", f"g{r + 1}{c}"))
-    return ids, edges
-
-
 def build(ids: list[str], edges: list[tuple[str, str]]) -> SimMesh:
     mesh = SimMesh(ids)
     for a, b in edges:

@@ -12,14 +12,8 @@ from hypothesis import strategies as st
 import routing
 from routing.exchange import BROKER, RouteAck, RouteExchange
 from routing.linkstate import ROUTE_BATCH, Outcome, RouteTable, Update
-from tests.meshsim import SimMesh, build, grid
-
-LINE = (["a", "b", "c"], [("a", "b"), ("b", "c")])
-RING4 = (["r0", "r1", "r2", "r3"], [("r0", "r1"), ("r1", "r2"), ("r2", "r3"), ("r3", "r0")])
-STAR5 = (["hub", "s1", "s2", "s3", "s4"], [("hub", f"s{i}") for i in range(1, 5)])
-GRID3 = grid(3)
-TOPOLOGIES = {"line": LINE, "ring4": RING4, "star5": STAR5, "grid3x3": GRID3}
-
+from tests.meshsim import SimMesh, build
+from tests.topologies import GRID3, LINE, RING4, TOPOLOGIES
 
 # -- an independent reference: distances by BFS on the graph itself ------------------------
 
