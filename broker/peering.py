@@ -98,7 +98,7 @@ class PeerLink:
         self.address = address
         self.digest = {origin: (int(v[0]), int(v[1])) for origin, v in digest.items()}
         self.opened = time.time()
-        self.last_heard = trio.current_time()
+        self.last_heard = self.last_sent = trio.current_time()
         self._queue: deque[tuple[bytes, int]] = deque()  # (frame, payload size; -1: control)
         self._events = 0  # FWD frames in the queue
         self._event_bytes = 0
@@ -160,6 +160,7 @@ class PeerLink:
                 data = b"".join(chunks)
                 self.bytes_out += len(data)
                 await self.stream.send_all(data)
+                self.last_sent = trio.current_time()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._broken = True
             self._reader_scope.cancel()
@@ -247,7 +248,10 @@ class PeerLink:
                     RemoteProtocolError(ErrorCode.IDLE_TIMEOUT, f"nothing heard for {silent:.1f} s")
                 )
                 return
-            if silent > interval:
+            # Also when we have sent nothing lately: a peer that only receives (one-way event
+            # flow) would otherwise be heard only through PONGs queued behind its events.
+            idle = trio.current_time() - self.last_sent
+            if silent > interval or idle > interval / 2:
                 self.send_frame(Ping(id=0))
 
     def describe(self) -> dict[str, Any]:

@@ -328,3 +328,24 @@ async def test_a_link_the_peer_closed_with_an_error_is_forgotten_before_its_sock
             assert (await client.stats())["connections"] >= 1  # still serving
         await peer.aclose()
 
+
+
+async def test_a_broker_that_only_receives_on_a_link_still_pings_so_its_peer_hears_it() -> None:
+    async with running_broker(server_id="a", **FAST) as a:
+        peer = await fake_peer(a)
+        pinged = trio.Event()
+
+        async def watch() -> None:
+            while (await peer.read_frame())["type"] not in ("PING", "EOF"):
+                pass
+            pinged.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            with trio.move_on_after(2):
+                while not pinged.is_set():  # the broker hears us all the time
+                    await peer.send(fwd(["a"]))
+                    await trio.sleep(0.03)
+            nursery.cancel_scope.cancel()
+        assert pinged.is_set()
+        await peer.aclose()
