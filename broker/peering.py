@@ -553,6 +553,11 @@ class Peering:
             log.warning("peer refused", peer=hello.broker_id, code=str(problem.code))
             await _send_error(stream, proto, problem)
             return
+        # The digest in our welcome must already cover every local filter: an observer (the
+        # Kafka bridge) takes "caught up with the digest" to mean "knows what we want".
+        self.activate()
+        if self.exchange.dirty:
+            self.flush_now()
         await stream.send_all(proto.send(self._welcome()))
         link = PeerLink(
             self, stream, proto, hello.broker_id, hello.role, hello.incarnation,

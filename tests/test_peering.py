@@ -204,6 +204,24 @@ async def test_an_observer_receives_every_origins_filters_and_is_nobodys_neighbo
             await observer.aclose()
 
 
+async def test_the_first_observers_welcome_digest_already_covers_existing_filters() -> None:
+    async with running_broker(server_id="a", **FAST) as a:
+        async with connect(server_text(a)) as client, client.subscribe("seen/>"):
+            observer = await peer_hello(a, broker_id="bridge", role="observer")
+            welcome = await observer.read_frame()
+            assert welcome["type"] == "PEER_WELCOME"
+            incarnation, seq = welcome["digest"]["a"]
+            added = []
+            with trio.fail_after(5):
+                while True:
+                    got = await observer.read_until("ROUTE")
+                    added += got["add"]
+                    if (got["incarnation"], got["seq"]) >= (incarnation, seq):
+                        break
+            assert added == [["seen/>", "native"]]
+            await observer.aclose()
+
+
 async def test_an_observer_that_sends_routes_is_disconnected() -> None:
     async with running_broker(server_id="a", **FAST) as a:
         observer = await peer_hello(a, broker_id="bridge", role="observer")
