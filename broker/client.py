@@ -37,7 +37,7 @@ import itertools
 import math
 import random
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -162,6 +162,41 @@ class _Waiter:
         return self.frame
 
 
+class _Batch:
+    """Confirmations still awaited for one ``publish_confirmed`` call."""
+
+    __slots__ = ("done", "errors", "failure", "remaining")
+
+    def __init__(self, size: int) -> None:
+        self.remaining = size
+        self.errors: list[BrokerError | None] = [None] * size
+        self.failure: Exception | None = None
+        self.done = trio.Event()
+        if size == 0:
+            self.done.set()
+
+
+class _BatchPart:
+    """One PUB of a batch, kept (as its bytes) to be sent again after a reconnect."""
+
+    __slots__ = ("batch", "index", "request")
+
+    def __init__(self, batch: _Batch, index: int, request: bytes) -> None:
+        self.batch = batch
+        self.index = index
+        self.request = request
+
+    def resolve(self, frame: Frame | None = None, error: Exception | None = None) -> None:
+        batch = self.batch
+        if isinstance(error, BrokerError):
+            batch.errors[self.index] = error
+        elif error is not None:
+            batch.failure = error
+        batch.remaining -= 1
+        if batch.remaining == 0:
+            batch.done.set()
+
+
 class Subscription:
     """Messages for one filter; iterate with ``async for``."""
 
@@ -242,7 +277,7 @@ class Client:
         self._ids = itertools.count(1)
         self._stream: trio.SocketStream | None = None
         self._proto = Connection(Role.CLIENT)
-        self._waiters: dict[int, _Waiter] = {}
+        self._waiters: dict[int, _Waiter | _BatchPart] = {}
         self._subs: dict[int, Subscription] = {}  # broker sub id -> subscription
         self._local = routing.SubscriptionTable()  # filter -> local Subscription objects
         self._active: list[Subscription] = []
@@ -533,6 +568,42 @@ class Client:
             await trio.lowlevel.checkpoint()  # let the writer send a batch
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def publish_confirmed(
+        self, messages: Sequence[tuple[str, bytes, str | None]]
+    ) -> list[BrokerError | None]:
+        """Publish ``(topic, payload, msg_id)`` messages with confirmation, all pipelined,
+        and wait for every PUBACK: one round trip for the batch, not one per message.
+
+        Returns, in order, ``None`` for each confirmed message or the broker's refusal.
+        With ``reconnect=True`` unconfirmed PUBs are sent again after a reconnect (set
+        ``msg_id`` so the broker drops the ones it already had); otherwise a lost
+        connection raises ConnectionLost.
+        """
+        for topic, _payload, msg_id in messages:
+            routing.validate_topic(topic)
+            if msg_id is not None and len(msg_id.encode("utf-8")) > MAX_MSG_ID_BYTES:
+                raise ValueError(f"msg_id must be at most {MAX_MSG_ID_BYTES} bytes")
+        await self._ready()
+        batch = _Batch(len(messages))
+        out = self._out
+        waiters = self._waiters
+        ids = self._ids
+        for index, (topic, payload, msg_id) in enumerate(messages):
+            request_id = next(ids)
+            wire: dict[str, Any] = {"type": "PUB", "topic": topic, "payload": payload}
+            if msg_id is not None:
+                wire["msg_id"] = msg_id
+            wire["id"] = request_id
+            body = _packb(wire)
+            raw = len(body).to_bytes(4, "big") + body
+            waiters[request_id] = _BatchPart(batch, index, raw)
+            out += raw
+        self._out_ready.set()
+        await batch.done.wait()
+        if batch.failure is not None:
+            raise batch.failure
+        return batch.errors
 
     async def ack(self, seq: int, *, single: bool = False) -> None:
         """Acknowledge every message up to ``seq`` (cumulative) on a durable session: the

@@ -68,3 +68,57 @@ async def test_publish_validates_the_topic_before_sending(address) -> None:
         with pytest.raises(ValueError, match="wildcards"):
             await c.publish("a/>", b"")
         await c.ping()
+
+
+# -- confirmed batches ----------------------------------------------------------------------
+
+
+async def test_a_confirmed_batch_is_delivered_in_order_and_every_message_confirmed(
+    address,
+) -> None:
+    async with connect(address) as c, c.subscribe("b/>") as sub:
+        batch = [(f"b/{i % 3}", f"m{i}".encode(), None) for i in range(500)]
+        assert await c.publish_confirmed(batch) == [None] * 500
+        with trio.fail_after(5):
+            got = [(await sub.get()).payload for _ in range(500)]
+        assert got == [payload for _topic, payload, _id in batch]
+
+
+async def test_a_refused_message_in_a_batch_is_reported_in_its_place() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(run_broker, BrokerConfig(port=0, max_payload=100))
+        async with connect(server.addresses[0]) as c, c.subscribe("b/>") as sub:
+            results = await c.publish_confirmed(
+                [("b/1", b"small", None), ("b/2", b"x" * 101, None), ("b/3", b"also", None)]
+            )
+            assert results[0] is None and results[2] is None
+            assert results[1] is not None and results[1].code == "PAYLOAD_TOO_LARGE"
+            with trio.fail_after(5):
+                assert [(await sub.get()).topic for _ in range(2)] == ["b/1", "b/3"]
+        server.shutdown()
+
+
+async def test_a_repeated_message_id_in_a_batch_is_confirmed_but_delivered_once(address) -> None:
+    async with connect(address) as c, c.subscribe("b/>") as sub:
+        batch = [("b/1", b"one", "id-1"), ("b/1", b"one", "id-1"), ("b/2", b"two", "id-2")]
+        assert await c.publish_confirmed(batch) == [None, None, None]
+        with trio.fail_after(5):
+            assert [(await sub.get()).payload for _ in range(2)] == [b"one", b"two"]
+        stats = await c.stats()
+        assert stats["duplicates_dropped"] == 1
+
+
+async def test_an_empty_confirmed_batch_returns_at_once(address) -> None:
+    async with connect(address) as c:
+        assert await c.publish_confirmed([]) == []
+
+
+async def test_a_confirmed_batch_without_reconnect_raises_when_the_broker_goes() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(run_broker, BrokerConfig(port=0))
+        async with connect(server.addresses[0]) as c:
+            server.shutdown()
+            with trio.fail_after(5), pytest.raises((BrokerError, ConnectionLost)):
+                while True:  # until the client has seen the broker go
+                    await c.publish_confirmed([("b/1", b"late", None)])
+                    await trio.sleep(0.01)
