@@ -174,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     drop = actions.add_parser("drop", help="delete a durable session and its stored messages")
     drop.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
     drop.add_argument("client_id", metavar="ID")
+
+    bridge = commands.add_parser("bridge", help="run a bridge into the broker")
+    kinds = bridge.add_subparsers(dest="kind", required=True, parser_class=_Parser)
+    kafka = kinds.add_parser(
+        "kafka", help="consume an aggregate Kafka topic, publish the wanted events"
+    )
+    kafka.add_argument("--config", required=True, help="bridge TOML file (see docs/bridge.md)")
+    kafka.add_argument("--log-format", choices=["console", "json"], default="console")
     return parser
 
 
@@ -210,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "session":
             prog = "topiary session drop"
             return trio.run(_session_drop, args)
+        if args.command == "bridge":
+            prog = f"topiary bridge {args.kind}"
+            return _bridge_kafka(args)
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -291,6 +302,25 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILURE
+    return 0
+
+
+def _bridge_kafka(args: argparse.Namespace) -> int:
+    from broker.config import ConfigError
+    from broker.log import configure_logging
+
+    try:
+        from bridges.config import load_bridge_config
+        from bridges.kafka import run_bridge
+    except ImportError as exc:  # confluent-kafka is the optional extra "kafka"
+        raise UsageError(f"{exc}; install topiary[kafka]") from None
+    try:
+        config = load_bridge_config(args.config)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    configure_logging(args.log_format)
+    tune_gc()
+    trio.run(run_bridge, config)
     return 0
 
 

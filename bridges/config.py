@@ -1,0 +1,270 @@
+"""Kafka bridge settings from a TOML file, checked as a whole before anything starts.
+
+A typo, a missing field or a bad template stops start-up with one line that names the key;
+nothing is silently ignored. ``[kafka]`` is handed to confluent-kafka as it is, except for
+the few settings the bridge's delivery guarantee depends on (see ``_OWNED_KAFKA_KEYS``).
+
+    [kafka]                        # passed through to confluent-kafka
+    "bootstrap.servers" = "127.0.0.1:9092"
+    "group.id" = "topiary-bridge"
+
+    [source]
+    topic = "beacons"              # the aggregate topic
+    format = "json"                # json | msgpack
+    dead_letter_topic = "beacons.dlq"
+
+    [mapping]
+    template = "beacon/{region}/{country}/{site}/{section}/{event}"
+
+    [broker]
+    server = "127.0.0.1:7474"
+    token = "secret"               # optional: the broker's [auth] token
+    peer_secret = "mesh-secret"    # optional: the broker's [peering] secret
+    observer_id = "bridge-1"       # optional: the bridge's id on the route exchange
+
+    [bridge]                       # optional tuning
+    batch_max = 5000               # records taken from Kafka per batch
+    in_flight_max = 50000          # records published and not yet confirmed
+    in_flight_bytes = 33554432     # their payload bytes
+    backoff_max = 5.0              # longest wait between retries (broker, dead-letter topic)
+    stats_interval = 10.0          # seconds between stats log lines (0: never)
+    shutdown_timeout = 10.0        # seconds to wait for in-flight confirms on SIGTERM
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridges.mapping import TemplateError, TopicTemplate
+from broker.config import ConfigError, parse_host_port
+
+FORMATS = ("json", "msgpack")
+
+#: Settings the bridge sets itself because its guarantee rests on them: offsets are stored
+#: only after the broker confirmed a record (or the dead-letter topic took it), and
+#: librdkafka commits exactly those.
+_OWNED_KAFKA_KEYS = {
+    "enable.auto.offset.store": "the bridge stores offsets itself, after confirmation",
+    "enable.auto.commit": "the bridge commits only confirmed offsets; it must stay on",
+}
+
+#: Defaults for [kafka] that the user may override.
+KAFKA_DEFAULTS: dict[str, Any] = {
+    "auto.offset.reset": "earliest",
+    "session.timeout.ms": 6000,
+    "queued.max.messages.kbytes": 32768,  # bounds what librdkafka prefetches
+    "log.connection.close": False,  # idle connections closing is not news
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeSettings:
+    batch_max: int = 5000
+    in_flight_max: int = 50_000
+    in_flight_bytes: int = 32 * 1024 * 1024
+    backoff_max: float = 5.0
+    stats_interval: float = 10.0
+    shutdown_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeConfig:
+    kafka: dict[str, Any]
+    topic: str
+    dead_letter_topic: str
+    template: TopicTemplate
+    server: str
+    format: str = "json"
+    token: str | None = None
+    peer_secret: str | None = None
+    observer_id: str = field(default_factory=lambda: default_observer_id())
+    settings: BridgeSettings = field(default_factory=BridgeSettings)
+
+    def consumer_config(self) -> dict[str, Any]:
+        return {
+            **KAFKA_DEFAULTS,
+            **self.kafka,
+            "enable.auto.offset.store": False,
+            "enable.auto.commit": True,
+        }
+
+    def producer_config(self) -> dict[str, Any]:
+        """The dead-letter producer: [kafka] without the consumer-only settings."""
+        config = {k: v for k, v in self.kafka.items() if not _consumer_only(k)}
+        return {"acks": "all", "log.connection.close": False, **config}
+
+
+_CONSUMER_ONLY_PREFIXES = (
+    "group.",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "auto.offset.reset",
+    "auto.commit.",
+    "enable.auto.",
+    "max.poll.interval.ms",
+    "partition.assignment.strategy",
+    "fetch.",
+    "queued.",
+    "isolation.level",
+    "enable.partition.eof",
+    "check.crcs",
+    "consume.",
+    "coordinator.",
+)
+
+
+def _consumer_only(key: str) -> bool:
+    return key.startswith(_CONSUMER_ONLY_PREFIXES)
+
+
+def default_observer_id() -> str:
+    return f"bridge-{socket.gethostname()}-{os.getpid()}"
+
+
+_TABLES: dict[str, dict[str, tuple[type, ...]]] = {
+    "source": {"topic": (str,), "format": (str,), "dead_letter_topic": (str,)},
+    "mapping": {"template": (str,)},
+    "broker": {
+        "server": (str,),
+        "token": (str,),
+        "peer_secret": (str,),
+        "observer_id": (str,),
+    },
+    "bridge": {
+        "batch_max": (int,),
+        "in_flight_max": (int,),
+        "in_flight_bytes": (int,),
+        "backoff_max": (int, float),
+        "stats_interval": (int, float),
+        "shutdown_timeout": (int, float),
+    },
+}
+_REQUIRED = {
+    "kafka": ("bootstrap.servers", "group.id"),
+    "source": ("topic", "dead_letter_topic"),
+    "mapping": ("template",),
+    "broker": ("server",),
+}
+
+
+def load_bridge_config(path: str | Path) -> BridgeConfig:
+    """Read and check a bridge config file; raises ConfigError naming the key at fault."""
+    try:
+        with open(path, "rb") as handle:
+            document = tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    try:
+        return bridge_config_from_dict(document)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
+    known = ("kafka", *_TABLES)
+    for table, body in document.items():
+        if table not in known:
+            names = ", ".join(f"[{t}]" for t in known)
+            raise ConfigError(f"unknown table [{table}] (known: {names})")
+        if not isinstance(body, dict):
+            raise ConfigError(f"[{table}] must be a table, got {type(body).__name__}")
+    for table, keys in _REQUIRED.items():
+        body = document.get(table)
+        if body is None:
+            raise ConfigError(f"missing table [{table}]")
+        for key in keys:
+            if key not in body:
+                raise ConfigError(f"[{table}] is missing {key!r}")
+    for table, types in _TABLES.items():
+        for key, value in document.get(table, {}).items():
+            wanted = types.get(key)
+            if wanted is None:
+                raise ConfigError(
+                    f"[{table}] has unknown key {key!r} (known: {', '.join(types)})"
+                )
+            if isinstance(value, bool) or not isinstance(value, wanted):
+                names = " or ".join(t.__name__ for t in wanted)
+                raise ConfigError(
+                    f"[{table}] {key} must be {names}, got {type(value).__name__} {value!r}"
+                )
+    kafka = _check_kafka(document["kafka"])
+    source, broker = document["source"], document["broker"]
+    _check_nonempty("source", source, ("topic", "dead_letter_topic", "format"))
+    _check_nonempty("broker", broker, ("server", "observer_id"))
+    fmt = source.get("format", "json")
+    if fmt not in FORMATS:
+        raise ConfigError(f"[source] format must be 'json' or 'msgpack', got {fmt!r}")
+    if source["dead_letter_topic"] == source["topic"]:
+        raise ConfigError("[source] dead_letter_topic must differ from topic")
+    if parse_host_port(broker["server"]) is None:
+        raise ConfigError(f"[broker] server must be HOST:PORT, got {broker['server']!r}")
+    try:
+        template = TopicTemplate.compile(document["mapping"]["template"])
+    except TemplateError as exc:
+        raise ConfigError(f"[mapping] template: {exc}") from None
+    settings = _check_settings(document.get("bridge", {}))
+    extra: dict[str, Any] = {}
+    if "observer_id" in broker:
+        extra["observer_id"] = broker["observer_id"]
+    return BridgeConfig(
+        kafka=kafka,
+        topic=source["topic"],
+        dead_letter_topic=source["dead_letter_topic"],
+        format=fmt,
+        template=template,
+        server=broker["server"],
+        token=broker.get("token"),
+        peer_secret=broker.get("peer_secret"),
+        settings=settings,
+        **extra,
+    )
+
+
+def _check_kafka(body: dict[str, Any]) -> dict[str, Any]:
+    for key, value in body.items():
+        if key in _OWNED_KAFKA_KEYS:
+            raise ConfigError(f"[kafka] {key!r} cannot be set: {_OWNED_KAFKA_KEYS[key]}")
+        if isinstance(value, dict | list):
+            raise ConfigError(
+                f"[kafka] {key!r} must be a string, number or boolean, "
+                f"got {type(value).__name__}"
+            )
+    for key in ("bootstrap.servers", "group.id"):
+        if not isinstance(body[key], str) or not body[key]:
+            raise ConfigError(f"[kafka] {key!r} must be a non-empty string")
+    return dict(body)
+
+
+def _check_nonempty(table: str, body: dict[str, Any], keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if key in body and not body[key].strip():
+            raise ConfigError(f"[{table}] {key} must not be empty")
+
+
+def _check_settings(body: dict[str, Any]) -> BridgeSettings:
+    settings = BridgeSettings(**body)
+    for name in ("batch_max", "in_flight_max", "in_flight_bytes"):
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"[bridge] {name} must be at least 1, got {getattr(settings, name)}")
+    if settings.in_flight_max < settings.batch_max:
+        raise ConfigError(
+            f"[bridge] in_flight_max ({settings.in_flight_max}) must be at least batch_max "
+            f"({settings.batch_max})"
+        )
+    for name in ("backoff_max", "shutdown_timeout"):
+        value = getattr(settings, name)
+        if not (math.isfinite(value) and 0 < value <= 86400):
+            raise ConfigError(f"[bridge] {name} must be in (0, 86400] seconds, got {value}")
+    if not (math.isfinite(settings.stats_interval) and 0 <= settings.stats_interval <= 86400):
+        raise ConfigError(
+            f"[bridge] stats_interval must be in [0, 86400] seconds, got {settings.stats_interval}"
+        )
+    return settings
