@@ -288,3 +288,18 @@ def test_sub_sync_and_routes_parse() -> None:
     assert parser.parse_args(["sub", "a/>"]).sync is False
     routes = parser.parse_args(["routes", "--server", "127.0.0.1:7000"])
     assert (routes.command, routes.server) == ("routes", "127.0.0.1:7000")
+
+
+def test_bridge_with_a_bad_config_file_is_one_line(tmp_path) -> None:
+    path = tmp_path / "bridge.toml"
+    path.write_text('[kafka]\n"bootstrap.servers" = "127.0.0.1:1"\n')
+    result = run("bridge", "kafka", "--config", str(path))
+    assert result.returncode == 2
+    expected = f"topiary bridge kafka: error: {path}: [kafka] is missing 'group.id'"
+    assert result.stderr.strip() == expected
+
+
+def test_bridge_needs_a_config_file() -> None:
+    result = run("bridge", "kafka")
+    assert result.returncode == 2
+    assert "--config" in result.stderr
