@@ -1,11 +1,14 @@
 import contextlib
+import itertools
 import os
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import trio
 from hypothesis import settings
 
+from bridges.tansu import Tansu, TansuUnavailable, start_tansu
 from broker.config import BrokerConfig
 from broker.server import Server, run_broker
 
@@ -38,3 +41,32 @@ async def server() -> AsyncIterator[Server]:
 @pytest.fixture
 def address(server: Server) -> tuple[str, int]:
     return server.addresses[0]
+
+
+# -- Kafka (Tansu) -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tansu() -> Iterator[Tansu]:
+    """One in-memory Tansu broker for the whole session; skipped only if it cannot run here."""
+    try:
+        broker = start_tansu()
+    except TansuUnavailable as exc:
+        pytest.skip(f"Tansu not available: {exc}")
+    with broker:
+        yield broker
+
+
+_topic_ids = itertools.count()
+
+
+def unique_topic(prefix: str = "t") -> str:
+    """A topic name no other test uses, so tests can share the session broker."""
+    return f"{prefix}-{os.getpid()}-{next(_topic_ids)}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> str:
+    """A fresh topic name derived from the test's name (not yet created)."""
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40]
+    return unique_topic(base)
