@@ -17,7 +17,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(PY) -m broker.demo
+	$(PY) -m bridges.demo
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
