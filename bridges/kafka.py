@@ -202,8 +202,8 @@ class Bridge:
                     self._in_flight_bytes += batch.payload_bytes
                     batches.start_soon(self._deliver, client, batch)
             with trio.move_on_after(self.settings.shutdown_timeout) as waited:
-                while self._in_flight:
-                    await self._in_flight[-1].finished.wait()
+                while self._in_flight:  # they finish in any order; offsets go in order
+                    await self._in_flight[0].finished.wait()
                     self._store_done()
             if waited.cancelled_caught:
                 log.warning(
