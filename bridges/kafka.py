@@ -100,7 +100,7 @@ class Bridge:
         self._room = trio.Event()
         self._consumer: Any = None
         self._producer: Any = None
-        self._errors_logged_at = -math.inf
+        self._logged_at: dict[str, float] = {}
         self._assigned: set[int] = set()
 
     # -- control ----------------------------------------------------------------------------
@@ -297,8 +297,10 @@ class Bridge:
             if retry:
                 self.counters.publish_retries += len(retry)
                 first = next(e for e in results if e is not None)
-                log.warning("broker refused records; retrying", records=len(retry),
-                            code=str(first.code), retry_in=backoff)  # fmt: skip
+                if self._may_log("refused"):
+                    log.warning("broker refused records; retrying", records=len(retry),
+                                code=str(first.code), text=first.text,
+                                retries=self.counters.publish_retries)  # fmt: skip
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.settings.backoff_max)
             pending = retry
@@ -367,9 +369,8 @@ class Bridge:
             self.counters.dead_lettered += len(pending) - len(failed)
             if failed:
                 self.counters.dead_letter_retries += len(failed)
-                log.warning(
-                    "dead-letter delivery failed; retrying", records=len(failed), retry_in=backoff
-                )
+                if self._may_log("dead-letter"):
+                    log.warning("dead-letter delivery failed; retrying", records=len(failed))
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.settings.backoff_max)
             pending = failed
@@ -387,10 +388,17 @@ class Bridge:
 
     def _kafka_error(self, error: Any) -> None:
         self.counters.kafka_errors += 1
-        now = time.monotonic()
-        if now - self._errors_logged_at >= ERROR_LOG_INTERVAL:
-            self._errors_logged_at = now
+        if self._may_log("kafka"):
             log.warning("kafka", error=str(error), errors=self.counters.kafka_errors)
+
+    def _may_log(self, what: str) -> bool:
+        """At most one warning of a kind per ERROR_LOG_INTERVAL: an outage is one story,
+        not thousands of lines."""
+        now = time.monotonic()
+        if now - self._logged_at.get(what, -math.inf) < ERROR_LOG_INTERVAL:
+            return False
+        self._logged_at[what] = now
+        return True
 
     def _record_error(self, record: Any) -> None:
         self._kafka_error(record.error())
