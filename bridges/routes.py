@@ -80,8 +80,6 @@ class RouteWatcher:
         self.ready = trio.Event()
         self.connected = False
         self.counters = RouteCounters()
-        self._paths: dict[str, Any] = {}
-        self._paths_of: object = None
 
     # -- the question the bridge asks -------------------------------------------------------
 
@@ -150,7 +148,8 @@ class RouteWatcher:
             digest={},
             keepalive=self.keepalive,
         )
-        await stream.send_all(proto.send(hello))
+        send = _Sender(stream, proto)
+        await send(hello)
         welcome = None
         with trio.move_on_after(HANDSHAKE_TIMEOUT):
             welcome = await _next_frame(stream, proto)
@@ -171,18 +170,18 @@ class RouteWatcher:
             self._install(table)
         state = _LinkState(self.keepalive, welcome.keepalive)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._keepalive, stream, proto, state, nursery.cancel_scope)
+            nursery.start_soon(self._keepalive, send, state, nursery.cancel_scope)
             while True:
                 frame = await _next_frame(stream, proto)
                 state.last_heard = trio.current_time()
                 if frame is None:
                     break
                 if isinstance(frame, Route):
-                    await self._apply(stream, proto, table, frame)
+                    await self._apply(send, table, frame)
                     if self.table is not table and _caught_up(table, target):
                         self._install(table)
                 elif isinstance(frame, Ping):
-                    await stream.send_all(proto.send(Pong(id=frame.id)))
+                    await send(Pong(id=frame.id))
                 elif isinstance(frame, Error):
                     log.info("broker said", code=frame.code, text=frame.text)
                     if frame.closes_connection:
@@ -191,9 +190,7 @@ class RouteWatcher:
             nursery.cancel_scope.cancel()
         return True
 
-    async def _apply(
-        self, stream: trio.SocketStream, proto: Connection, table: RouteTable, frame: Route
-    ) -> None:
+    async def _apply(self, send: _Sender, table: RouteTable, frame: Route) -> None:
         update = Update(
             frame.origin,
             frame.incarnation,
@@ -209,7 +206,7 @@ class RouteWatcher:
             self.counters.updates_applied += 1
         elif outcome is Outcome.GAP:
             self.counters.snapshot_requests += 1
-            await stream.send_all(proto.send(RouteRequest(origin=frame.origin)))
+            await send(RouteRequest(origin=frame.origin))
 
     def _install(self, table: RouteTable) -> None:
         first = self.table is None
@@ -222,20 +219,28 @@ class RouteWatcher:
             filters=len(table.remote),
         )
 
-    async def _keepalive(
-        self,
-        stream: trio.SocketStream,
-        proto: Connection,
-        state: _LinkState,
-        scope: trio.CancelScope,
-    ) -> None:
+    async def _keepalive(self, send: _Sender, state: _LinkState, scope: trio.CancelScope) -> None:
         while True:
             await trio.sleep(state.ping_every)
             if trio.current_time() - state.last_heard > state.dead_after:
                 log.warning("route link silent; closing it", seconds=state.dead_after)
                 scope.cancel()
                 return
-            await stream.send_all(proto.send(Ping(id=0)))
+            await send(Ping(id=0))
+
+
+class _Sender:
+    """One writer at a time: the reader answers PINGs while the keepalive task sends its
+    own, and two ``send_all`` calls on one stream at once are an error in trio."""
+
+    def __init__(self, stream: trio.SocketStream, proto: Connection) -> None:
+        self._stream = stream
+        self._proto = proto
+        self._lock = trio.StrictFIFOLock()
+
+    async def __call__(self, frame: Any) -> None:
+        async with self._lock:
+            await self._stream.send_all(self._proto.send(frame))
 
 
 @dataclass(slots=True)
