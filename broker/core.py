@@ -13,6 +13,7 @@ import itertools
 import math
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,10 @@ class RecentIds:
 
     def __init__(self, window: int) -> None:
         self.window = window
-        self._ids: dict[str, None] = {}
+        # An OrderedDict, not a dict: evicting a plain dict's oldest key with
+        # next(iter(...)) walks over every slot deleted before it, so once the window was
+        # full each publish cost ~57 us instead of ~1 us (bench/bridge.py found it).
+        self._ids: OrderedDict[str, None] = OrderedDict()
 
     def seen(self, msg_id: str) -> bool:
         """True if ``msg_id`` is a repeat; otherwise remember it and return False."""
@@ -63,7 +67,7 @@ class RecentIds:
             return False
         ids[msg_id] = None
         if len(ids) > self.window:
-            del ids[next(iter(ids))]
+            ids.popitem(last=False)
         return False
 
     def forget(self, msg_id: str) -> None:
