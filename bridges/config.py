@@ -59,6 +59,9 @@ KAFKA_DEFAULTS: dict[str, Any] = {
     "auto.offset.reset": "earliest",
     "session.timeout.ms": 6000,
     "queued.max.messages.kbytes": 32768,  # bounds what librdkafka prefetches
+    # ... and when that bound is hit, look again after 10 ms, not librdkafka's 1 s:
+    # with the default the bridge stalled ~0.5 s each time (75k -> 106k+ events/s).
+    "fetch.queue.backoff.ms": 10,
     "log.connection.close": False,  # idle connections closing is not news
 }
 
