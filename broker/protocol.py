@@ -38,12 +38,14 @@ from broker.frames import (
     Fwd,
     PeerWelcome,
     Pub,
+    PubAck,
     Welcome,
     build_frame,
     decode_frame,
     encode_frame,
     fast_fwd,
     fast_pub,
+    fast_puback,
     unpack_body,
 )
 from broker.protocol_states import (
@@ -171,6 +173,8 @@ class Connection:
             frame_type, wire = unpack_body(body)
             if frame_type is Pub and self.state is OPEN and self.role is Role.SERVER:
                 return fast_pub(wire)  # the hot path: OPEN -> OPEN, no state to settle
+            if frame_type is PubAck and self.state is OPEN and self.role is Role.CLIENT:
+                return fast_puback(wire)  # a confirming publisher reads one per message
             if frame_type is Fwd and self.state is PEER_OPEN:
                 return fast_fwd(wire)  # between brokers: PEER_OPEN -> PEER_OPEN, either end
             next_state = check_receive(self.role, self.state, frame_type)

@@ -559,3 +559,22 @@ def test_any_valid_frame_round_trips_for_any_split_of_its_bytes(
         while (body := buf.next_frame()) is not None:
             bodies.append(body)
     assert [decode_frame(body) for body in bodies] == [frame]
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["id", "type", "extra"]),
+        st.one_of(st.integers(-5, 2**65), st.text(max_size=3), st.none(), st.booleans()),
+    )
+)
+def test_the_puback_fast_path_agrees_with_the_full_decoder(wire: dict[str, Any]) -> None:
+    wire = {**wire, "type": "PUBACK"}
+    try:
+        expected: Any = frames_module.build_frame(frames_module.PubAck, wire)
+    except RemoteProtocolError as exc:
+        expected = (exc.code, str(exc))
+    try:
+        got: Any = frames_module.fast_puback(wire)
+    except RemoteProtocolError as exc:
+        got = (exc.code, str(exc))
+    assert got == expected
