@@ -36,13 +36,12 @@ from __future__ import annotations
 import math
 import os
 import socket
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bridges.mapping import TemplateError, TopicTemplate
-from broker.config import ConfigError, parse_host_port
+from broker.config import ConfigError, parse_host_port, read_toml
 
 FORMATS = ("json", "msgpack")
 
@@ -158,13 +157,7 @@ _REQUIRED = {
 
 def load_bridge_config(path: str | Path) -> BridgeConfig:
     """Read and check a bridge config file; raises ConfigError naming the key at fault."""
-    try:
-        with open(path, "rb") as handle:
-            document = tomllib.load(handle)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    document = read_toml(path)
     try:
         return bridge_config_from_dict(document)
     except ConfigError as exc:

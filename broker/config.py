@@ -243,15 +243,20 @@ def parse_host_port(text: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config file into config-field overrides; raises ConfigError."""
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict; an unreadable or invalid file is a one-line ConfigError."""
     try:
         with open(path, "rb") as handle:
-            document = tomllib.load(handle)
+            return tomllib.load(handle)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file into config-field overrides; raises ConfigError."""
+    document = read_toml(path)
     overrides: dict[str, Any] = {}
     for table, body in document.items():
         keys = _FILE_KEYS.get(table)
