@@ -70,3 +70,20 @@ def topic_name(request: pytest.FixtureRequest) -> str:
     """A fresh topic name derived from the test's name (not yet created)."""
     base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40]
     return unique_topic(base)
+
+
+# -- Spark ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local SparkSession (local[2]) for the whole test session; skipped only when
+    pyspark, pyarrow or Java is genuinely missing here."""
+    from bridges.spark.session import SparkUnavailable, build_session
+
+    try:
+        session = build_session("local[2]", app_name="topiary-tests")
+    except SparkUnavailable as exc:
+        pytest.skip(f"Spark not available: {exc}")
+    yield session
+    session.stop()
