@@ -21,9 +21,7 @@ bounded by ``queued.max.messages.kbytes``. A slow broker slows the bridge, memor
 
 from __future__ import annotations
 
-import math
 import signal
-import time
 from collections import Counter, deque
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -32,6 +30,13 @@ from typing import Any
 import trio
 
 from bridges.config import BridgeConfig
+from bridges.delivery import (
+    DeadLetter,
+    DeliveryCounters,
+    RateLimit,
+    publish_all,
+    send_dead_letters,
+)
 from bridges.mapping import DECODERS, DecodeError, MappingError
 from bridges.routes import RouteWatcher
 from broker.client import BrokerError, Client, ConnectionLost, connect
@@ -40,29 +45,24 @@ from broker.log import get_logger
 
 log = get_logger("topiary.bridge")
 
-#: The broker's refusals that no retry can change: such a record goes to the dead letters.
-PERMANENT_REFUSALS = {ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.INVALID_TOPIC}
 CONSUME_WAIT = 0.02  # seconds a consume call waits for a batch to fill (latency at low rates)
 ROUTE_WAIT_WARNING = 10.0
-ERROR_LOG_INTERVAL = 5.0
 
 
 @dataclass(slots=True)
-class BridgeCounters:
+class BridgeCounters(DeliveryCounters):
     records_in: int = 0  # records read from the aggregate topic
     bytes_in: int = 0
-    published: int = 0  # confirmed by the broker
     unwanted_dropped: int = 0  # no broker wants the topic: never published
     malformed: int = 0  # did not decode or map (by reason in ``malformed_by_reason``)
-    refused: int = 0  # refused by the broker for good (too large, ...)
-    dead_lettered: int = 0  # delivered to the dead-letter topic
-    publish_retries: int = 0  # records published again after a passing refusal
-    dead_letter_retries: int = 0
     batches: int = 0
     offsets_stored: int = 0  # partition offsets handed to librdkafka to commit
     offsets_not_stored: int = 0  # the partition had moved to another member meanwhile
     kafka_errors: int = 0
     rebalances: int = 0
+
+
+COUNTER_NAMES = tuple(BridgeCounters.__dataclass_fields__)
 
 
 @dataclass(slots=True)
@@ -71,7 +71,7 @@ class _Batch:
 
     publish: list[tuple[str, bytes, str | None]]
     sources: list[Any]  # the Kafka message behind each entry of ``publish``
-    dead: list[tuple[Any, str, str]]  # (kafka message, reason, text)
+    dead: list[DeadLetter]
     offsets: dict[int, int]  # partition -> next offset to read
     size: int
     payload_bytes: int
@@ -100,7 +100,7 @@ class Bridge:
         self._room = trio.Event()
         self._consumer: Any = None
         self._producer: Any = None
-        self._logged_at: dict[str, float] = {}
+        self._may_log = RateLimit()
         self._assigned: set[int] = set()
 
     # -- control ----------------------------------------------------------------------------
@@ -111,7 +111,7 @@ class Bridge:
         self._room.set()
 
     def stats(self) -> dict[str, Any]:
-        counters = {name: getattr(self.counters, name) for name in BridgeCounters.__slots__}
+        counters = {name: getattr(self.counters, name) for name in COUNTER_NAMES}
         return {
             **counters,
             "malformed_by_reason": dict(self.malformed_by_reason),
@@ -239,9 +239,10 @@ class Bridge:
         topic_for = self.config.template.topic
         wants = self.watcher.wants
         prefix = f"kafka/{self.config.topic}/"
+        source = f"{self.config.topic}/"
         publish: list[tuple[str, bytes, str | None]] = []
         sources: list[Any] = []
-        dead: list[tuple[Any, str, str]] = []
+        dead: list[DeadLetter] = []
         offsets: dict[int, int] = {}
         unwanted = size = nbytes = 0
         for record in records:
@@ -254,16 +255,16 @@ class Bridge:
             offsets[partition] = offset + 1
             size += 1
             if value is None:
-                dead.append((record, "decode", "the record has no value"))
+                dead.append(DeadLetter(None, record.key(), f"{source}{partition}/{offset}",
+                                       "decode", "the record has no value"))  # fmt: skip
                 continue
             nbytes += len(value)
             try:
                 topic = topic_for(decode(value))
-            except DecodeError as exc:
-                dead.append((record, "decode", str(exc)))
-                continue
-            except MappingError as exc:
-                dead.append((record, exc.reason, str(exc)))
+            except (DecodeError, MappingError) as exc:
+                reason = exc.reason if isinstance(exc, MappingError) else "decode"
+                dead.append(DeadLetter(value, record.key(), f"{source}{partition}/{offset}",
+                                       reason, str(exc)))  # fmt: skip
                 continue
             if wants(topic):
                 publish.append((topic, value, f"{prefix}{partition}/{offset}"))
@@ -275,37 +276,28 @@ class Bridge:
         counters.unwanted_dropped += unwanted
         counters.malformed += len(dead)
         counters.batches += 1
-        for _record, reason, _text in dead:
-            self.malformed_by_reason[reason] += 1
+        for letter in dead:
+            self.malformed_by_reason[letter.reason] += 1
         return _Batch(publish, sources, dead, offsets, size, nbytes)
 
     async def _deliver(self, client: Client, batch: _Batch) -> None:
-        pending = list(range(len(batch.publish)))
-        backoff = 0.05
-        while pending:
-            results = await client.publish_confirmed([batch.publish[i] for i in pending])
-            retry = []
-            for index, error in zip(pending, results, strict=True):
-                if error is None:
-                    continue
-                if error.code in PERMANENT_REFUSALS:
-                    self.counters.refused += 1
-                    batch.dead.append((batch.sources[index], f"broker:{error.code}", error.text))
-                else:
-                    retry.append(index)
-            self.counters.published += len(pending) - len(retry)
-            if retry:
-                self.counters.publish_retries += len(retry)
-                first = next(e for e in results if e is not None)
-                if self._may_log("refused"):
-                    log.warning("broker refused records; retrying", records=len(retry),
-                                code=str(first.code), text=first.text,
-                                retries=self.counters.publish_retries)  # fmt: skip
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, self.settings.backoff_max)
-            pending = retry
+        refused = await publish_all(
+            client, batch.publish, counters=self.counters,
+            backoff_max=self.settings.backoff_max, may_log=self._may_log,
+        )  # fmt: skip
+        for index, error in refused:
+            record = batch.sources[index]
+            batch.dead.append(
+                DeadLetter(record.value(), record.key(),
+                           f"{record.topic()}/{record.partition()}/{record.offset()}",
+                           f"broker:{error.code}", error.text)
+            )
         if batch.dead:
-            await self._dead_letter(batch.dead)
+            await send_dead_letters(
+                self._producer, self.config.dead_letter_topic, batch.dead,
+                counters=self.counters, backoff_max=self.settings.backoff_max,
+                may_log=self._may_log,
+            )  # fmt: skip
         batch.done = True
         batch.finished.set()
         self._store_done()
@@ -332,49 +324,6 @@ class Bridge:
                     log.info("offset not stored", partition=partition, error=str(exc))
         self._room.set()
 
-    async def _dead_letter(self, dead: list[tuple[Any, str, str]]) -> None:
-        """Deliver every record to the dead-letter topic, retrying until Kafka takes it."""
-        producer = self._producer
-        topic = self.config.dead_letter_topic
-        pending = dead
-        backoff = 0.1
-        while pending:
-            failed: list[tuple[Any, str, str]] = []
-            for item in pending:
-                record, reason, text = item
-                headers = [
-                    ("topiary.reason", reason.encode()),
-                    ("topiary.error", text.encode("utf-8", "replace")[:1000]),
-                    (
-                        "topiary.source",
-                        f"{record.topic()}/{record.partition()}/{record.offset()}".encode(),
-                    ),
-                ]
-                while True:
-                    try:
-                        producer.produce(
-                            topic,
-                            value=record.value(),
-                            key=record.key(),
-                            headers=headers,
-                            on_delivery=_note_failure(failed, item),
-                        )
-                        break
-                    except BufferError:
-                        await trio.to_thread.run_sync(producer.poll, 0.1)
-            remaining = await trio.to_thread.run_sync(producer.flush, 30.0)
-            if remaining:
-                log.warning("dead-letter topic slow to confirm", waiting=remaining)
-                continue
-            self.counters.dead_lettered += len(pending) - len(failed)
-            if failed:
-                self.counters.dead_letter_retries += len(failed)
-                if self._may_log("dead-letter"):
-                    log.warning("dead-letter delivery failed; retrying", records=len(failed))
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, self.settings.backoff_max)
-            pending = failed
-
     # -- kafka callbacks (in the consumer's worker thread) ----------------------------------
 
     def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
@@ -391,15 +340,6 @@ class Bridge:
         if self._may_log("kafka"):
             log.warning("kafka", error=str(error), errors=self.counters.kafka_errors)
 
-    def _may_log(self, what: str) -> bool:
-        """At most one warning of a kind per ERROR_LOG_INTERVAL: an outage is one story,
-        not thousands of lines."""
-        now = time.monotonic()
-        if now - self._logged_at.get(what, -math.inf) < ERROR_LOG_INTERVAL:
-            return False
-        self._logged_at[what] = now
-        return True
-
     def _record_error(self, record: Any) -> None:
         self._kafka_error(record.error())
 
@@ -415,20 +355,12 @@ class Bridge:
         log.info("bridge stopped", **self.stats_line())
 
     def stats_line(self) -> dict[str, int]:
-        return {name: getattr(self.counters, name) for name in BridgeCounters.__slots__}
+        return {name: getattr(self.counters, name) for name in COUNTER_NAMES}
 
     async def _stats_loop(self) -> None:
         while True:
             await trio.sleep(self.settings.stats_interval)
             log.info("bridge stats", in_flight=self._in_flight_records, **self.stats_line())
-
-
-def _note_failure(failed: list[Any], item: Any) -> Any:
-    def delivered(error: Any, _message: Any) -> None:
-        if error is not None:
-            failed.append(item)
-
-    return delivered
 
 
 async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:

@@ -287,3 +287,26 @@ async def test_a_broker_that_refuses_for_now_slows_the_bridge_and_memory_stays_b
                     assert await nothing_more(sub)
     # Every event exactly once; retried records may overtake (docs/bridge.md, Guarantees).
     assert sorted(numbers) == list(range(events))
+
+
+async def test_a_record_the_broker_refuses_for_good_goes_to_the_dead_letter_topic(
+    tansu: Tansu, topic_name: str
+) -> None:
+    tansu.create_topic(topic_name, 1)
+    tansu.create_topic(f"{topic_name}.dlq", 1)
+    small = json.dumps(beacon(0)).encode()
+    large = json.dumps({**beacon(1), "pad": "x" * 2000}).encode()
+    await trio.to_thread.run_sync(lambda: produce(tansu, topic_name, [small, large, small]))
+    async with running_broker(max_payload=1000) as server:
+        async with connect(server_text(server)) as client, client.subscribe("beacon/>") as sub:
+            config = bridge_config(tansu, server_text(server), topic_name)
+            async with running_bridge(config) as bridge:
+                got: list = []
+                await collect(sub, 2, got)
+                await wait_until(lambda: bridge.counters.dead_lettered == 1)
+                stats = bridge.stats()
+    dead = await trio.to_thread.run_sync(lambda: read_all(tansu, f"{topic_name}.dlq", 1))
+    assert [d.value() for d in dead] == [large]
+    assert dict(dead[0].headers())["topiary.reason"] == b"broker:PAYLOAD_TOO_LARGE"
+    assert dict(dead[0].headers())["topiary.source"] == f"{topic_name}/0/1".encode()
+    assert (stats["published"], stats["refused"]) == (2, 1)
