@@ -29,6 +29,15 @@ the few settings the bridge's delivery guarantee depends on (see ``_OWNED_KAFKA_
     backoff_max = 5.0              # longest wait between retries (broker, dead-letter topic)
     stats_interval = 10.0          # seconds between stats log lines (0: never)
     shutdown_timeout = 10.0        # seconds to wait for in-flight confirms on SIGTERM
+
+    [spark]                        # `topiary bridge spark` only (docs/spark.md)
+    master = "local[*]"
+    checkpoint = "/var/lib/topiary/spark"   # required for the Spark bridge
+    trigger = 1.0                  # seconds between micro-batches (0: back to back)
+    max_offsets_per_trigger = 200000
+    filter = "table"               # table | regex: how unwanted rows are dropped
+    [spark.conf]                   # passed through to SparkSession.builder.config
+    "spark.executor.memory" = "2g"
 """
 
 from __future__ import annotations
@@ -75,6 +84,19 @@ class BridgeSettings:
     shutdown_timeout: float = 10.0
 
 
+SPARK_FILTERS = ("table", "regex")
+
+
+@dataclass(frozen=True, slots=True)
+class SparkSettings:
+    master: str = "local[*]"
+    checkpoint: str | None = None
+    trigger: float = 1.0
+    max_offsets_per_trigger: int = 200_000
+    filter: str = "table"
+    conf: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class BridgeConfig:
     kafka: dict[str, Any]
@@ -87,6 +109,7 @@ class BridgeConfig:
     peer_secret: str | None = None
     observer_id: str = field(default_factory=lambda: default_observer_id())
     settings: BridgeSettings = field(default_factory=BridgeSettings)
+    spark: SparkSettings = field(default_factory=SparkSettings)
 
     def consumer_config(self) -> dict[str, Any]:
         return {
@@ -145,6 +168,14 @@ _TABLES: dict[str, dict[str, tuple[type, ...]]] = {
         "backoff_max": (int, float),
         "stats_interval": (int, float),
         "shutdown_timeout": (int, float),
+    },
+    "spark": {
+        "master": (str,),
+        "checkpoint": (str,),
+        "trigger": (int, float),
+        "max_offsets_per_trigger": (int,),
+        "filter": (str,),
+        "conf": (dict,),
     },
 }
 _REQUIRED = {
@@ -207,6 +238,7 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
     except TemplateError as exc:
         raise ConfigError(f"[mapping] template: {exc}") from None
     settings = _check_settings(document.get("bridge", {}))
+    spark = _check_spark(document.get("spark", {}))
     extra: dict[str, Any] = {}
     if "observer_id" in broker:
         extra["observer_id"] = broker["observer_id"]
@@ -220,6 +252,7 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
         token=broker.get("token"),
         peer_secret=broker.get("peer_secret"),
         settings=settings,
+        spark=spark,
         **extra,
     )
 
@@ -263,4 +296,26 @@ def _check_settings(body: dict[str, Any]) -> BridgeSettings:
         raise ConfigError(
             f"[bridge] stats_interval must be in [0, 86400] seconds, got {settings.stats_interval}"
         )
+    return settings
+
+
+def _check_spark(body: dict[str, Any]) -> SparkSettings:
+    conf = body.get("conf", {})
+    for key, value in conf.items():
+        if isinstance(value, dict | list):
+            raise ConfigError(f"[spark.conf] {key!r} must be a string, number or boolean")
+    settings = SparkSettings(**{**body, "conf": {k: str(v) for k, v in conf.items()}})
+    if not settings.master.strip():
+        raise ConfigError("[spark] master must not be empty")
+    if settings.checkpoint is not None and not settings.checkpoint.strip():
+        raise ConfigError("[spark] checkpoint must not be empty")
+    if not (math.isfinite(settings.trigger) and 0 <= settings.trigger <= 86400):
+        raise ConfigError(f"[spark] trigger must be in [0, 86400] seconds, got {settings.trigger}")
+    if settings.max_offsets_per_trigger < 1:
+        raise ConfigError(
+            f"[spark] max_offsets_per_trigger must be at least 1, "
+            f"got {settings.max_offsets_per_trigger}"
+        )
+    if settings.filter not in SPARK_FILTERS:
+        raise ConfigError(f"[spark] filter must be 'table' or 'regex', got {settings.filter!r}")
     return settings
