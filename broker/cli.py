@@ -182,6 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     kafka.add_argument("--config", required=True, help="bridge TOML file (see docs/bridge.md)")
     kafka.add_argument("--log-format", choices=["console", "json"], default="console")
+    spark = kinds.add_parser(
+        "spark", help="the same bridge as a Spark Structured Streaming job (docs/spark.md)"
+    )
+    spark.add_argument("--config", required=True, help="bridge TOML file with a [spark] table")
+    spark.add_argument("--log-format", choices=["console", "json"], default="console")
+    spark.add_argument(
+        "--available-now",
+        action="store_true",
+        help="bridge what the topic holds now, in micro-batches, then exit",
+    )
     return parser
 
 
@@ -220,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_session_drop, args)
         if args.command == "bridge":
             prog = f"topiary bridge {args.kind}"
-            return _bridge_kafka(args)
+            return _bridge_kafka(args) if args.kind == "kafka" else _bridge_spark(args)
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -322,6 +332,27 @@ def _bridge_kafka(args: argparse.Namespace) -> int:
     tune_gc()
     trio.run(run_bridge, config)
     return 0
+
+
+def _bridge_spark(args: argparse.Namespace) -> int:
+    from broker.config import ConfigError
+    from broker.log import configure_logging
+
+    try:
+        from bridges.config import load_bridge_config
+        from bridges.spark.run import run_spark_bridge
+        from bridges.spark.session import SparkUnavailable, check_spark
+    except ImportError as exc:
+        raise UsageError(f"{exc}; install topiary[spark]") from None
+    try:
+        config = load_bridge_config(args.config)
+        if config.spark.checkpoint is None:
+            raise ConfigError(f"{args.config}: [spark] checkpoint is required")
+        check_spark()
+    except (ConfigError, SparkUnavailable) as exc:
+        raise UsageError(str(exc)) from None
+    configure_logging(args.log_format)
+    return run_spark_bridge(config, available_now=args.available_now)
 
 
 def tune_gc() -> None:

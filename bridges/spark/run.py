@@ -1,0 +1,57 @@
+"""``topiary bridge spark``: run the Spark pipeline until SIGTERM, SIGINT or, with
+``--available-now``, until everything in the topic at start has been bridged."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from bridges.config import BridgeConfig
+from broker.config import ConfigError
+from broker.log import get_logger
+
+log = get_logger("topiary.bridge.spark")
+ROUTE_WAIT_WARNING = 10.0
+
+
+def run_spark_bridge(config: BridgeConfig, *, available_now: bool = False) -> int:
+    """Returns the exit status: 0 after a clean stop, 1 when the query failed."""
+    if config.spark.checkpoint is None:
+        raise ConfigError("[spark] checkpoint is required for the Spark bridge")
+    from bridges.spark.pipeline import start_query
+    from bridges.spark.routes import RouteFeed
+    from bridges.spark.session import build_session
+
+    master = config.spark.master
+    spark = build_session(master, conf=config.spark.conf, local=master.startswith("local"))
+    feed = RouteFeed(config.server, observer_id=config.observer_id, secret=config.peer_secret)
+    feed.start()
+    stopping = threading.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in signals}
+    query: Any = None
+    try:
+        while not feed.wait_ready(ROUTE_WAIT_WARNING):
+            if stopping.is_set():
+                return 0
+            log.warning("waiting for the broker's route table", server=config.server)
+        query = start_query(
+            spark, config, feed, checkpoint=config.spark.checkpoint, available_now=available_now
+        )
+        log.info("spark bridge running", query=query.id, master=master, topic=config.topic)
+        while query.isActive and not stopping.is_set():
+            query.awaitTermination(0.5)
+        if query.isActive:
+            query.stop()
+        failure = query.exception()
+        if failure is not None:
+            log.error("spark bridge failed", error=str(failure)[:2000])
+            return 1
+        log.info("spark bridge stopped", batches=len(query.recentProgress))
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        feed.stop()
+        spark.stop()
