@@ -71,7 +71,7 @@ def mapped(df: Any, config: BridgeConfig) -> Any:
         "concat('kafka/', topic, '/', partition, '/', offset) AS msg_id",
         "concat(topic, '/', partition, '/', offset) AS source",
     )
-    with_topic = compiled.apply(ids)
+    with_topic = compiled.select(ids)
     return with_topic.selectExpr(*SINK_COLUMNS)
 
 
