@@ -156,9 +156,16 @@ def write_config(path: Path, document: dict[str, Any]) -> Path:
     for table, body in document.items():
         lines.append(f"[{table}]")
         for key, value in body.items():
-            lines.append(f"{json.dumps(key)} = {json.dumps(value)}")
+            lines.append(f"{json.dumps(key)} = {_toml_value(value)}")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):  # an inline table
+        pairs = (f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + ", ".join(pairs) + " }"
+    return json.dumps(value)
 
 
 @contextlib.asynccontextmanager

@@ -125,7 +125,7 @@ def start_bridge(config: Path, log: Path) -> subprocess.Popen:
 async def test_killing_the_spark_driver_mid_stream_delivers_everything_exactly_once(
     tansu: Tansu, topic_name: str, tmp_path: Path
 ) -> None:
-    events = 6_000
+    events = 3_000
     tansu.create_topic(topic_name, 2)
     await trio.to_thread.run_sync(
         lambda: produce(tansu, topic_name, json_values(beacon(i) for i in range(events)))
@@ -133,7 +133,7 @@ async def test_killing_the_spark_driver_mid_stream_delivers_everything_exactly_o
     log = tmp_path / "bridge.log"
     async with running_broker(data_dir=str(tmp_path / "data")) as server:
         document = spark_config(
-            tansu, server_text(server), topic_name, tmp_path, max_offsets_per_trigger=300,
+            tansu, server_text(server), topic_name, tmp_path, max_offsets_per_trigger=1000,
             conf={"spark.sql.shuffle.partitions": "1"},
         )  # fmt: skip
         config = write_config(tmp_path / "bridge.toml", document)
@@ -170,4 +170,5 @@ async def test_killing_the_spark_driver_mid_stream_delivers_everything_exactly_o
                 stats = await observer.stats()
     assert killed
     assert len(ids) == len(set(ids)) == events, "a duplicate reached the durable session"
-    assert stats["duplicates_dropped"] >= 0
+    # The restart resumed from the checkpoint: at most the batch in flight came again.
+    assert stats["duplicates_dropped"] < events // 2
