@@ -106,6 +106,12 @@ def test_the_dead_letter_producer_gets_no_consumer_only_settings() -> None:
         (lambda d: d.update(bridge={"stats_interval": -1}), "stats_interval must be in"),
         (lambda d: d.update(bridge={"shutdown_timeout": float("inf")}), "shutdown_timeout"),
         (lambda d: d.update(source=[1]), r"\[source\] must be a table"),
+        (lambda d: d.update(spark={"filter": "bloom"}), "filter must be 'table' or 'regex'"),
+        (lambda d: d.update(spark={"trigger": -1}), "trigger must be in"),
+        (lambda d: d.update(spark={"max_offsets_per_trigger": 0}), "at least 1"),
+        (lambda d: d.update(spark={"master": " "}), "master must not be empty"),
+        (lambda d: d.update(spark={"conf": {"a": {"b": 1}}}), r"\[spark.conf\] 'a'"),
+        (lambda d: d.update(spark={"checkpont": "x"}), "unknown key 'checkpont'"),
     ],
 )
 def test_a_bad_config_is_refused_with_a_message_naming_the_key(change, message) -> None:
@@ -132,3 +138,11 @@ def test_errors_from_a_file_name_the_file(tmp_path: Path) -> None:
     path.write_text(EXAMPLE.replace('format = "json"', 'format = "xml"'))
     with pytest.raises(ConfigError, match=r"bridge.toml: \[source\] format"):
         load_bridge_config(path)
+
+
+def test_the_spark_table_is_read_with_its_defaults_and_passthrough_conf() -> None:
+    document = minimal()
+    document["spark"] = {"checkpoint": "/tmp/ck", "conf": {"spark.executor.cores": 4}}
+    spark = bridge_config_from_dict(document).spark
+    assert (spark.master, spark.checkpoint, spark.filter) == ("local[*]", "/tmp/ck", "table")
+    assert spark.conf == {"spark.executor.cores": "4"}

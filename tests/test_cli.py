@@ -303,3 +303,17 @@ def test_bridge_needs_a_config_file() -> None:
     result = run("bridge", "kafka")
     assert result.returncode == 2
     assert "--config" in result.stderr
+
+
+def test_bridge_spark_without_a_checkpoint_is_one_line(tmp_path) -> None:
+    path = tmp_path / "bridge.toml"
+    path.write_text(
+        '[kafka]\n"bootstrap.servers" = "127.0.0.1:1"\n"group.id" = "g"\n'
+        '[source]\ntopic = "t"\ndead_letter_topic = "t.dlq"\n'
+        '[mapping]\ntemplate = "a/{b}"\n[broker]\nserver = "127.0.0.1:1"\n'
+    )
+    result = run("bridge", "spark", "--config", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"topiary bridge spark: error: {path}: [spark] checkpoint is required"
+    )
