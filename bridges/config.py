@@ -121,7 +121,7 @@ class BridgeConfig:
 
     def producer_config(self) -> dict[str, Any]:
         """The dead-letter producer: [kafka] without the consumer-only settings."""
-        config = {k: v for k, v in self.kafka.items() if not _consumer_only(k)}
+        config = {k: v for k, v in self.kafka.items() if not consumer_only(k)}
         return {"acks": "all", "log.connection.close": False, **config}
 
 
@@ -144,7 +144,7 @@ _CONSUMER_ONLY_PREFIXES = (
 )
 
 
-def _consumer_only(key: str) -> bool:
+def consumer_only(key: str) -> bool:
     return key.startswith(_CONSUMER_ONLY_PREFIXES)
 
 

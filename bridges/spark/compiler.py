@@ -226,21 +226,42 @@ _MISSING: Final = _result("true", _NULL_STRING, _NULL_STRING)
 # --- the value rule in SQL -----------------------------------------------------------------
 
 
+def _replace_all(text: str, chars: list[str]) -> str:
+    """Nested ``replace`` calls turning each of ``chars`` into ``%XX``, in order."""
+    for ch in chars:
+        search = f"chr({ord(ch)})" if ord(ch) < 0x20 or ord(ch) == 0x7F else sql_string(ch)
+        text = f"replace({text}, {search}, '%{ord(ch):02X}')"
+    return text
+
+
+# encode_level's characters: the printable ones ('%' first, or its own escapes would get
+# escaped again), then the controls, which are rare enough to sit behind a guard.
+_PRINTABLE: Final = [ch for ch in _ESCAPED if 0x20 <= ord(ch) < 0x7F]
+_CONTROLS: Final = [ch for ch in _ESCAPED if not 0x20 <= ord(ch) < 0x7F]
+assert _PRINTABLE[0] == "%"
+_CONTROL_GUARD: Final = "concat('[', chr(0), '-', chr(31), chr(127), ']')"
+
+
 def _encode(text: str) -> str:
-    """encode_level in SQL: ``%`` first, the rest, controls only if present, leading ``$``."""
-    plain = [ch for ch in _ESCAPED if 0x20 <= ord(ch) < 0x7F]
-    controls = [ch for ch in _ESCAPED if not 0x20 <= ord(ch) < 0x7F]
-    assert plain[0] == "%", "'%' must be replaced first, or its own escapes get escaped"
+    """encode_level in SQL for any string (``text`` is cheap to repeat)."""
     dollar = f"startswith({text}, '$')"
-    body = f"IF({dollar}, substr({text}, 2), {text})"
-    basic = body
-    for ch in plain:
-        basic = f"replace({basic}, {sql_string(ch)}, '%{ord(ch):02X}')"
-    full = basic
-    for ch in controls:
-        full = f"replace({full}, chr({ord(ch)}), '%{ord(ch):02X}')"
-    guard = "concat('[', chr(0), '-', chr(31), chr(127), ']')"
-    escaped = f"CASE WHEN {text} RLIKE {guard} THEN {full} ELSE {basic} END"
+    basic = _replace_all(f"IF({dollar}, substr({text}, 2), {text})", _PRINTABLE)
+    escaped = (
+        f"CASE WHEN {text} RLIKE {_CONTROL_GUARD} "
+        f"THEN {_replace_all(basic, _CONTROLS)} ELSE {basic} END"
+    )
+    return f"concat(IF({dollar}, '%24', ''), {escaped})"
+
+
+def _encode_json_string(json: str) -> str:
+    """encode_level for a JSON string literal without backslashes (``"..."``).
+
+    JSON writes every C0 control as an escape, so the only control left is DEL.
+    """
+    dollar = f"startswith({json}, '\"$')"
+    start = f"IF({dollar}, 3, 2)"
+    inner = f"substr({json}, {start}, length({json}) - {start})"
+    escaped = _replace_all(inner, [*_PRINTABLE, "\x7f"])
     return f"concat(IF({dollar}, '%24', ''), {escaped})"
 
 
@@ -326,8 +347,8 @@ def _number(field: str, value_text: str, names: _Names) -> str:
     return _let(f"try_cast({field}.s AS DOUBLE)", d, checked)
 
 
-def _value_rule(field: str, value_text: str, names: _Names) -> str:
-    """One extracted field (``t`` type, ``s`` text, ``g`` JSON path) -> m/v/r struct."""
+def _typed_rule(field: str, value_text: str, names: _Names) -> str:
+    """The value rule from ``t`` (schema_of_variant), ``s`` (text) and ``g`` (JSON path)."""
     t, s = f"{field}.t", f"{field}.s"
     return (
         f"CASE WHEN {t} IS NULL OR {t} = 'VOID' OR ({t} = 'STRING' AND {s} = '') "
@@ -339,6 +360,32 @@ def _value_rule(field: str, value_text: str, names: _Names) -> str:
         f"WHEN startswith({t}, 'DECIMAL') OR {t} IN ('DOUBLE', 'FLOAT') "
         f"THEN {_number(field, value_text, names)} "
         f"ELSE {_error(BAD_VALUE)} END"
+    )
+
+
+def _value_rule(field: str, value_text: str, names: _Names) -> str:
+    """One field (``f`` VARIANT, ``j`` its JSON text, ``g`` JSON path) -> m/v/r struct.
+
+    The JSON text settles the common cases cheaply (a string without escapes, a boolean,
+    null, an object or array); the rest (escaped strings, numbers, NaN, which is written
+    ``"NaN"``) take schema_of_variant and a cast, which cost more.
+    """
+    j = f"{field}.j"
+    plain_string = (
+        f"startswith({j}, '\"') AND NOT contains({j}, chr(92)) "
+        f"AND {j} NOT IN ('\"NaN\"', '\"Infinity\"', '\"-Infinity\"')"
+    )
+    z = names.fresh()
+    typed = (
+        f"named_struct('t', schema_of_variant({field}.f), "
+        f"'s', try_variant_get({field}.f, '$', 'string'), 'g', {field}.g)"
+    )
+    return (
+        f"CASE WHEN {j} IS NULL OR {j} = 'null' OR {j} = '\"\"' THEN {_MISSING} "
+        f"WHEN {plain_string} THEN {_ok(_encode_json_string(j))} "
+        f"WHEN {j} IN ('true', 'false') THEN {_ok(j)} "
+        f"WHEN startswith({j}, '{{') OR startswith({j}, '[') THEN {_error(NOT_SCALAR)} "
+        f"ELSE {_let(typed, z, _typed_rule(z, value_text, names))} END"
     )
 
 
@@ -414,8 +461,7 @@ class _Builder:
         x, y, levels = names.fresh(), names.fresh(), names.fresh()
         typed = (
             f"transform(array({fields}), {x} -> named_struct("
-            f"'t', schema_of_variant({x}.f), "
-            f"'s', try_variant_get({x}.f, '$', 'string'), 'g', {x}.g))"
+            f"'f', {x}.f, 'j', to_json({x}.f), 'g', {x}.g))"
         )
         rule = _value_rule(y, f"CAST({self.value} AS STRING)", names)
         return _let(f"transform({typed}, {y} -> {rule})", levels, body(levels))

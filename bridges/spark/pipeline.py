@@ -34,13 +34,13 @@ SINK_COLUMNS = ("topic", "value", "msg_id", "reason", "key", "source")
 def source_options(config: BridgeConfig) -> dict[str, str]:
     """The Kafka source's options from the bridge's [kafka] table (group settings dropped:
     Spark's checkpoint, not a consumer group, holds the offsets)."""
-    from bridges.config import KAFKA_DEFAULTS, _consumer_only
+    from bridges.config import KAFKA_DEFAULTS, consumer_only
 
     kafka = {**KAFKA_DEFAULTS, **config.kafka}
     options = {
         f"kafka.{key}": str(value)
         for key, value in kafka.items()
-        if not _consumer_only(key) and key != "log.connection.close"
+        if not consumer_only(key) and key != "log.connection.close"
     }
     options["subscribe"] = config.topic
     options["startingOffsets"] = str(kafka.get("auto.offset.reset", "earliest"))
