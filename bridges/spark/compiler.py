@@ -3,29 +3,38 @@
 A per-row Python UDF would ship every record to a Python worker and back; these are plain
 Spark SQL expressions, so the JVM maps each record itself. They follow the plain bridge
 (``bridges.mapping``) rule for rule: same topics, same reason codes, same order of checks.
-The few places where Spark cannot tell what Python can (number literals, some JSON corner
-cases) are listed in docs/spark.md ("Topic mapping in Spark SQL").
+The few places where Spark cannot see what Python sees (some number literals, some JSON
+that one side refuses) are listed in docs/spark.md ("Topic mapping in Spark SQL").
 
 This module only builds strings (no pyspark import), so it is testable without Spark.
 
-How it maps, in SQL terms:
+The mapping is a chain of helper columns (:attr:`CompiledTopic.stages`), one projection
+each, rather than one big expression: each value is then computed once (Spark SQL has
+no LET), and the generated code stays in methods small enough for the JVM's JIT (it
+never compiles a method over 8000 bytes of bytecode; one expression for the whole
+mapping ran 3-5 times slower for that reason). In SQL terms:
 
-- **Decode, once per row** (``parse_sql``): the Kafka value (BINARY) is cast to STRING,
-  checked to be UTF-8 (``is_valid_utf8``) and parsed with ``from_json(..., 'variant')``
-  wrapped in ``[...]``. VARIANT keeps JSON types apart (``get_json_object`` returns an
-  object's text, so the string ``"{x"`` and an object look alike); the wrapper makes
-  Spark notice data after the top-level object (``{..}{..}``), which it otherwise ignores.
-- **Extract** each distinct field path once (``variant_get``), classify it with
-  ``schema_of_variant`` and apply the value rule; lambdas (``transform``) bind values
-  that are used more than once, so nothing is computed twice within an expression.
-- **Sanitise** with nested ``replace`` calls (``%`` first), the 33 control characters
-  only when a guard ``RLIKE`` finds one, a leading ``$`` as ``%24``.
-- **Join** with ``concat``; over 250 bytes (``octet_length``) is ``topic_too_long``.
+1. **parse** (template-independent, shareable): the Kafka value (BINARY) as STRING,
+   checked to be UTF-8 (``is_valid_utf8``), parsed once with ``from_json(.., 'variant')``
+   inside ``[...]``. VARIANT keeps JSON types apart, which get_json_object cannot (it
+   returns an object's text, so the string ``"{x"`` and an object look alike); the
+   wrapper turns data after the top-level object (``{..}{..}``) into an error, which
+   Spark would otherwise ignore.
+2. **fields**: each distinct field path once (``variant_get``) and its ``to_json`` text,
+   which tells null, booleans, strings, objects and arrays apart cheaply.
+3. **fast**: the value rule for all of those; strings are percent-encoded straight from
+   their JSON text with nested ``replace`` calls (``%`` first, a leading ``$`` as
+   ``%24``, JSON escapes of control characters turned into ``%XX``).
+4. **levels**: numbers, rare in topics, by ``schema_of_variant`` type, with Python's
+   ``str(int)`` and ``repr(float)`` rebuilt from Java's number text.
+5. ``topic_sql`` and ``reason_sql``: ``concat`` of literals and levels; the first
+   failing placeholder's reason in template order, then ``topic_too_long`` (over 250
+   bytes, ``octet_length``), as TopicTemplate.topic raises them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -39,66 +48,99 @@ from bridges.mapping import (
 )
 from routing.topics import MAX_TOPIC_BYTES
 
-__all__ = ["DECODE", "PARSED_COLUMN", "CompiledTopic", "compile_topic", "sql_string"]
+__all__ = [
+    "DECODE",
+    "PARSED_COLUMN",
+    "CompiledTopic",
+    "compile_topic",
+    "parse_sql",
+    "sql_string",
+]
 
 #: The plain bridge's reason for a value that does not decode (bridges/kafka.py).
 DECODE: Final = "decode"
-#: Default name of the helper column that holds the parsed record.
+#: Default name of the helper column with the parsed record (shared by all templates).
 PARSED_COLUMN: Final = "_topiary_parsed"
-_MAPPED_COLUMN: Final = "_topiary_mapped"
+#: Default prefix of a template's other helper columns.
+HELPER_PREFIX: Final = "_topiary"
 
 # from_json's defaults accept single-quoted strings; Python's json does not, but it does
 # accept NaN, Infinity and -Infinity (a field holding one is then bad_value).
 _JSON_OPTIONS: Final = "map('allowSingleQuotes', 'false', 'allowNonNumericNumbers', 'true')"
 _JSON_WHITESPACE: Final = "concat(' ', chr(9), chr(10), chr(13))"
-_INT_TYPES: Final = "('BOOLEAN', 'TINYINT', 'SMALLINT', 'INT', 'BIGINT')"
-# Array indexes are Java ints in Spark paths; a larger index can only miss in Python too.
+_INT_TYPES: Final = "('TINYINT', 'SMALLINT', 'INT', 'BIGINT')"
+_NON_FINITE: Final = "('\"NaN\"', '\"Infinity\"', '\"-Infinity\"')"
+# Array indexes are Java ints in Spark paths; a larger index misses in Python too.
 _MAX_INDEX: Final = 2**31 - 1
 # Characters that get_json_object's path parser skips before a name (Java's \s).
 _JAVA_SPACE: Final = " \t\n\x0b\x0c\r"
 _SMALLEST_NORMAL: Final = "2.2250738585072014E-308D"
+_NULL_STRING: Final = "CAST(NULL AS STRING)"
+# Marks a level that the fast stage leaves to the number stage (never a reason).
+_NUMBER: Final = "'#number'"
 
 
 @dataclass(frozen=True)
 class CompiledTopic:
-    """A template as Spark SQL; apply it in two steps so that each value is parsed once::
+    """A template as Spark SQL. Add the helper columns in order, then topic and reason::
 
-        df = df.selectExpr("*", f"{c.parse_sql} AS {c.parsed_column}")
-        df = df.selectExpr("*", f"{c.topic_sql} AS topic", f"{c.reason_sql} AS reason")
+        for name, sql in compiled.stages:
+            df = df.selectExpr("*", f"{sql} AS `{name}`")
+        df = df.selectExpr("*", f"{compiled.topic_sql} AS topic",
+                           f"{compiled.reason_sql} AS reason")
 
-    or ``c.select(df)``, which does that through ``mapped_sql`` (topic and reason from one
-    evaluation) and drops the helper columns.
+    or ``compiled.select(df)``, which does that and drops the helpers again.
 
-    - ``parse_sql`` reads ``value_column`` (BINARY or STRING): a VARIANT, NULL when the
-      value is not UTF-8 JSON. It does not depend on the template, so several templates
-      can share one parsed column.
+    - ``parse_sql`` (the first stage, column ``parsed_column``) reads ``value_column``
+      (BINARY or STRING) and is the only place that parses JSON. It does not depend on
+      the template: templates with different ``prefix`` can share one parsed column.
+    - ``fields_sql`` reads each field path once; ``fast_sql`` and ``levels_sql`` apply
+      the value rule (``levels_sql`` reads ``value_column`` again only for a number that
+      VARIANT cannot render exactly: an integer of 39+ digits, ``-0.0``, ``1e19`` written
+      out in digits with ``.0``).
     - ``topic_sql``: the topic (STRING), NULL when the record cannot be mapped.
     - ``reason_sql``: NULL when mapped, else the plain bridge's reason code: ``decode``,
       ``missing_field``, ``not_scalar``, ``bad_value`` or ``topic_too_long``.
-    - ``mapped_sql``: ``STRUCT<topic: STRING, reason: STRING>``, both at once.
-
-    The last three read ``parsed_column``, and ``value_column`` again only for a number
-    that the VARIANT cannot render exactly (an integer of 39+ digits, ``-0.0``...).
     """
 
     template: TopicTemplate
     value_column: str
     parsed_column: str
-    parse_sql: str
+    stages: tuple[tuple[str, str], ...]
     topic_sql: str
     reason_sql: str
-    mapped_sql: str
+
+    @property
+    def parse_sql(self) -> str:
+        return self.stages[0][1]
+
+    @property
+    def helper_columns(self) -> tuple[str, ...]:
+        return tuple(name for name, _sql in self.stages)
+
+    def stage_sql(self, suffix: str) -> str:
+        """The SQL of the stage whose column ends with ``suffix`` (fields, fast, levels)."""
+        for name, sql in self.stages:
+            if name.endswith("_" + suffix):
+                return sql
+        raise KeyError(suffix)
 
     def select(self, df: Any, *, topic: str = "topic", reason: str = "reason") -> Any:
-        """``df`` with ``topic`` and ``reason`` columns added (duck-typed: no pyspark here)."""
-        parsed = _ident(self.parsed_column)
-        mapped = _ident(_MAPPED_COLUMN)
-        out = df.selectExpr("*", f"{self.parse_sql} AS {parsed}")
-        out = out.selectExpr("*", f"{self.mapped_sql} AS {mapped}")
+        """``df`` plus ``topic`` and ``reason`` (duck-typed DataFrame: no pyspark here).
+
+        A parsed column that ``df`` already has (another template's) is reused.
+        """
+        out = df
+        added = []
+        for name, sql in self.stages:
+            if name == self.parsed_column and name in out.columns:
+                continue
+            out = out.selectExpr("*", f"{sql} AS {_ident(name)}")
+            added.append(name)
         out = out.selectExpr(
-            "*", f"{mapped}.topic AS {_ident(topic)}", f"{mapped}.reason AS {_ident(reason)}"
+            "*", f"{self.topic_sql} AS {_ident(topic)}", f"{self.reason_sql} AS {_ident(reason)}"
         )
-        return out.drop(self.parsed_column, _MAPPED_COLUMN)
+        return out.drop(*added)
 
 
 def compile_topic(
@@ -106,18 +148,22 @@ def compile_topic(
     *,
     value_column: str = "value",
     parsed_column: str = PARSED_COLUMN,
+    prefix: str = HELPER_PREFIX,
 ) -> CompiledTopic:
-    """Compile ``template`` (checked by TopicTemplate: TemplateError) into Spark SQL."""
+    """Compile ``template`` (checked by TopicTemplate: TemplateError) into Spark SQL.
+
+    Helper columns are ``parsed_column`` and ``{prefix}_fields``, ``{prefix}_fast``,
+    ``{prefix}_levels``; give each template applied to one DataFrame its own prefix.
+    """
     compiled = template if isinstance(template, TopicTemplate) else TopicTemplate.compile(template)
-    builder = _Builder(compiled, _ident(value_column), _ident(parsed_column))
+    builder = _Builder(compiled, value_column, parsed_column, prefix)
     return CompiledTopic(
         template=compiled,
         value_column=value_column,
         parsed_column=parsed_column,
-        parse_sql=parse_sql(value_column),
+        stages=((parsed_column, parse_sql(value_column)), *builder.stages()),
         topic_sql=builder.topic_sql(),
         reason_sql=builder.reason_sql(),
-        mapped_sql=builder.mapped_sql(),
     )
 
 
@@ -126,15 +172,13 @@ def parse_sql(value_column: str = "value") -> str:
 
     The ``[...]`` wrapper turns trailing data after the first value into a parse error
     (``{..}{..}``) or a second element (``{..},{..}``), both caught by the decode check;
-    the ``}`` test catches a stray ``]``. Records that do not end in ``}`` cannot be an
-    object anyway.
+    the ``}`` test catches a stray ``]`` (``{..}]``). A JSON object ends with ``}``.
     """
     text = f"CAST({_ident(value_column)} AS STRING)"
-    ends_like_object = (
-        f"(endswith({text}, '}}') OR endswith(TRIM(TRAILING {_JSON_WHITESPACE} FROM {text}), '}}'))"
-    )
+    trimmed = f"TRIM(TRAILING {_JSON_WHITESPACE} FROM {text})"
     return (
-        f"CASE WHEN is_valid_utf8({text}) AND {ends_like_object} "
+        f"CASE WHEN is_valid_utf8({text}) "
+        f"AND (endswith({text}, '}}') OR endswith({trimmed}, '}}')) "
         f"THEN from_json(concat('[', {text}, ']'), 'variant', {_JSON_OPTIONS}) END"
     )
 
@@ -160,6 +204,11 @@ def _has_surrogate(text: str) -> bool:
     return any(0xD800 <= ord(ch) <= 0xDFFF for ch in text)
 
 
+def _is_index(key: str, position: int) -> bool:
+    """Python's rule (mapping._Placeholder): later all-ASCII-digit keys also index lists."""
+    return position > 0 and key.isascii() and key.isdigit()
+
+
 def _variant_segment(key: str) -> str | None:
     """``key`` as a variant_get path step, or None if the path syntax cannot say it."""
     if "[" not in key:  # template keys never contain "."
@@ -183,11 +232,6 @@ def _json_path_segment(key: str) -> str | None:
     return None
 
 
-def _is_index(key: str, position: int) -> bool:
-    """Python's rule (mapping._Placeholder): later all-ASCII-digit keys also index lists."""
-    return position > 0 and key.isascii() and key.isdigit()
-
-
 class _Names:
     """Fresh lambda variable names, so nested lambdas never shadow each other."""
 
@@ -204,12 +248,25 @@ def _let(value: str, var: str, body: str) -> str:
     return f"transform(array({value}), {var} -> {body})[0]"
 
 
+def _map(array: str, var: str, body: str, other: str | None = None) -> str:
+    """``transform`` (with a second array's element as ``_u``), as ``zip_with``.
+
+    zip_with is evaluated without code generation, which keeps a stage out of Spark's
+    whole-stage codegen: there, all stages would share one generated method far over the
+    JIT's 8000-byte limit and run 3-4 times slower (measured; also
+    spark.sql.codegen.hugeMethodLimit=8000 would do it, but needs the session's help).
+    """
+    return f"zip_with({array}, {other or array}, ({var}, _u) -> {body})"
+
+
+def _bind(value: str, var: str, body: str) -> str:
+    """:func:`_let` outside code generation (see :func:`_map`)."""
+    return _map(f"array({value})", var, body) + "[0]"
+
+
 def _result(missing: str, value: str, reason: str) -> str:
     """One field's outcome: missing?, encoded text, reason (other than missing_field)."""
     return f"named_struct('m', {missing}, 'v', {value}, 'r', {reason})"
-
-
-_NULL_STRING: Final = "CAST(NULL AS STRING)"
 
 
 def _ok(value: str) -> str:
@@ -226,7 +283,7 @@ _MISSING: Final = _result("true", _NULL_STRING, _NULL_STRING)
 # --- the value rule in SQL -----------------------------------------------------------------
 
 
-def _replace_all(text: str, chars: list[str]) -> str:
+def _replace_all(text: str, chars: Sequence[str]) -> str:
     """Nested ``replace`` calls turning each of ``chars`` into ``%XX``, in order."""
     for ch in chars:
         search = f"chr({ord(ch)})" if ord(ch) < 0x20 or ord(ch) == 0x7F else sql_string(ch)
@@ -234,35 +291,58 @@ def _replace_all(text: str, chars: list[str]) -> str:
     return text
 
 
-# encode_level's characters: the printable ones ('%' first, or its own escapes would get
-# escaped again), then the controls, which are rare enough to sit behind a guard.
+# encode_level's characters other than the controls: '%' first, or its own escapes would
+# get escaped again.
 _PRINTABLE: Final = [ch for ch in _ESCAPED if 0x20 <= ord(ch) < 0x7F]
-_CONTROLS: Final = [ch for ch in _ESCAPED if not 0x20 <= ord(ch) < 0x7F]
 assert _PRINTABLE[0] == "%"
-_CONTROL_GUARD: Final = "concat('[', chr(0), '-', chr(31), chr(127), ']')"
-
-
-def _encode(text: str) -> str:
-    """encode_level in SQL for any string (``text`` is cheap to repeat)."""
-    dollar = f"startswith({text}, '$')"
-    basic = _replace_all(f"IF({dollar}, substr({text}, 2), {text})", _PRINTABLE)
-    escaped = (
-        f"CASE WHEN {text} RLIKE {_CONTROL_GUARD} "
-        f"THEN {_replace_all(basic, _CONTROLS)} ELSE {basic} END"
-    )
-    return f"concat(IF({dollar}, '%24', ''), {escaped})"
+_BACKSLASH: Final = "chr(92)"
+# JSON escapes in to_json's output (Jackson writes the other C0 controls as \u00XX, in
+# uppercase hex) and what encode_level makes of the character each stands for.
+_JSON_ESCAPES: Final = (
+    ('"', "'\"'"),
+    ("b", "'%08'"),
+    ("t", "'%09'"),
+    ("n", "'%0A'"),
+    ("f", "'%0C'"),
+    ("r", "'%0D'"),
+    ("u00", "'%'"),
+)
 
 
 def _encode_json_string(json: str) -> str:
-    """encode_level for a JSON string literal without backslashes (``"..."``).
+    """encode_level for the text of a JSON string as to_json writes it (``"..."``).
 
-    JSON writes every C0 control as an escape, so the only control left is DEL.
+    Works on the escaped form, so no cast back to a string is needed: the plain
+    characters are replaced first (``%`` first), DEL (never escaped by JSON) next, then
+    an escaped backslash is parked as chr(1) (no control character is ever raw in JSON),
+    the other escapes become ``%XX`` or their character, and chr(1) a backslash again.
     """
     dollar = f"startswith({json}, '\"$')"
     start = f"IF({dollar}, 3, 2)"
-    inner = f"substr({json}, {start}, length({json}) - {start})"
-    escaped = _replace_all(inner, [*_PRINTABLE, "\x7f"])
-    return f"concat(IF({dollar}, '%24', ''), {escaped})"
+    text = _replace_all(f"substr({json}, {start}, length({json}) - {start})", _PRINTABLE)
+    text = f"replace({text}, chr(127), '%7F')"
+    text = f"replace({text}, concat({_BACKSLASH}, {_BACKSLASH}), chr(1))"
+    for escape, replacement in _JSON_ESCAPES:
+        text = f"replace({text}, concat({_BACKSLASH}, {sql_string(escape)}), {replacement})"
+    text = f"replace({text}, chr(1), {_BACKSLASH})"
+    return f"concat(IF({dollar}, '%24', ''), {text})"
+
+
+def _fast_rule(field: str) -> str:
+    """One field (``j`` its to_json text) -> m/v/r struct, or the number marker.
+
+    The JSON text tells null, booleans, objects, arrays and strings apart; NaN and the
+    infinities are written as strings (``"NaN"``), so those go with the numbers.
+    """
+    j = f"{field}.j"
+    return (
+        f"CASE WHEN {j} IS NULL OR {j} = 'null' OR {j} = '\"\"' THEN {_MISSING} "
+        f"WHEN {j} IN ('true', 'false') THEN {_ok(j)} "
+        f"WHEN startswith({j}, '{{') OR startswith({j}, '[') THEN {_error(NOT_SCALAR)} "
+        f"WHEN startswith({j}, '\"') AND {j} NOT IN {_NON_FINITE} "
+        f"THEN {_ok(_encode_json_string(j))} "
+        f"ELSE {_result('false', _NULL_STRING, _NUMBER)} END"
+    )
 
 
 def _python_float(number: str, names: _Names) -> str:
@@ -315,102 +395,76 @@ def _python_float(number: str, names: _Names) -> str:
     return _let(f"CAST({number} AS STRING)", java, _let(text, t, _let(parts, n, inner)))
 
 
-def _number(field: str, value_text: str, names: _Names) -> str:
+def _number(field: str, kind: str, value_text: str, names: _Names) -> str:
     """A DECIMAL or DOUBLE field: Python's text for the int or float the JSON held.
 
     VARIANT stores integers beyond BIGINT as DECIMAL(p,0) and beyond 38 digits as DOUBLE,
-    and also writes ``1.0`` and ``-0.0`` as DECIMAL(p,0); for those few it reads the
-    literal again with get_json_object, which keeps an integer's digits.
+    and also turns ``1.0`` and ``-0.0`` into DECIMAL(p,0); for those few the literal is
+    read again with get_json_object, which keeps an integer's digits (and the sign of
+    ``-0.0``). to_json writes NaN and the infinities quoted, so they do not cast.
     """
-    d = names.fresh()
+    j = f"{field}.j"
+    d, r, k = names.fresh(), names.fresh(), names.fresh()
     int_like = (
-        f"startswith({field}.t, 'DECIMAL') AND endswith({field}.t, ',0)') "
-        f"AND ({field}.s = '0' OR try_cast({field}.s AS BIGINT) IS NULL)"
+        f"startswith({kind}, 'DECIMAL') AND endswith({kind}, ',0)') "
+        f"AND ({j} = '0' OR try_cast({j} AS BIGINT) IS NULL)"
     )
-    huge = f"{field}.t IN ('DOUBLE', 'FLOAT') AND abs({d}) >= 1E38D"
-    raw = f"get_json_object({value_text}, {field}.g)"
-    r, k = names.fresh(), names.fresh()
-    kind = (
+    huge = f"{kind} IN ('DOUBLE', 'FLOAT') AND abs({d}) >= 1E38D"
+    raw = f"IF(({int_like}) OR ({huge}), get_json_object({value_text}, {field}.g), NULL)"
+    split = (
         f"named_struct('iv', CASE WHEN {r} RLIKE '^-?[0-9]+$' THEN {r} "
-        f"WHEN {r} IS NULL AND {int_like} AND {field}.s != '0' THEN {field}.s END, "
+        f"WHEN {r} IS NULL AND {int_like} AND {j} != '0' THEN {j} END, "
         f"'dv', coalesce(try_cast({r} AS DOUBLE), {d}))"
     )
     pick = (
         f"CASE WHEN {k}.iv IS NOT NULL THEN {_ok(f'{k}.iv')} "
         f"ELSE {_ok(_python_float(f'{k}.dv', names))} END"
     )
-    looked_up = _let(f"IF(({int_like}) OR ({huge}), {raw}, {_NULL_STRING})", r, _let(kind, k, pick))
     checked = (
         f"CASE WHEN {d} IS NULL OR isnan({d}) OR abs({d}) = CAST('Infinity' AS DOUBLE) "
-        f"THEN {_error(BAD_VALUE)} ELSE {looked_up} END"
+        f"THEN {_error(BAD_VALUE)} ELSE {_let(raw, r, _let(split, k, pick))} END"
     )
-    return _let(f"try_cast({field}.s AS DOUBLE)", d, checked)
+    return _let(f"try_cast({j} AS DOUBLE)", d, checked)
 
 
-def _typed_rule(field: str, value_text: str, names: _Names) -> str:
-    """The value rule from ``t`` (schema_of_variant), ``s`` (text) and ``g`` (JSON path)."""
-    t, s = f"{field}.t", f"{field}.s"
-    return (
-        f"CASE WHEN {t} IS NULL OR {t} = 'VOID' OR ({t} = 'STRING' AND {s} = '') "
-        f"THEN {_MISSING} "
-        f"WHEN {t} = 'STRING' THEN {_ok(_encode(s))} "
-        f"WHEN {t} IN {_INT_TYPES} THEN {_ok(s)} "
-        f"WHEN startswith({t}, 'OBJECT') OR startswith({t}, 'ARRAY') "
-        f"THEN {_error(NOT_SCALAR)} "
-        f"WHEN startswith({t}, 'DECIMAL') OR {t} IN ('DOUBLE', 'FLOAT') "
-        f"THEN {_number(field, value_text, names)} "
+def _numeric_rule(field: str, value_text: str, names: _Names) -> str:
+    """A field the fast rule left over, by its VARIANT type (``"NaN"`` may be a string)."""
+    kind = names.fresh()
+    j = f"{field}.j"
+    rule = (
+        f"CASE WHEN {kind} = 'STRING' THEN {_ok(_encode_json_string(j))} "
+        f"WHEN {kind} IN {_INT_TYPES} THEN {_ok(j)} "
+        f"WHEN startswith({kind}, 'DECIMAL') OR {kind} IN ('DOUBLE', 'FLOAT') "
+        f"THEN {_number(field, kind, value_text, names)} "
         f"ELSE {_error(BAD_VALUE)} END"
     )
-
-
-def _value_rule(field: str, value_text: str, names: _Names) -> str:
-    """One field (``f`` VARIANT, ``j`` its JSON text, ``g`` JSON path) -> m/v/r struct.
-
-    The JSON text settles the common cases cheaply (a string without escapes, a boolean,
-    null, an object or array); the rest (escaped strings, numbers, NaN, which is written
-    ``"NaN"``) take schema_of_variant and a cast, which cost more.
-    """
-    j = f"{field}.j"
-    plain_string = (
-        f"startswith({j}, '\"') AND NOT contains({j}, chr(92)) "
-        f"AND {j} NOT IN ('\"NaN\"', '\"Infinity\"', '\"-Infinity\"')"
-    )
-    z = names.fresh()
-    typed = (
-        f"named_struct('t', schema_of_variant({field}.f), "
-        f"'s', try_variant_get({field}.f, '$', 'string'), 'g', {field}.g)"
-    )
-    return (
-        f"CASE WHEN {j} IS NULL OR {j} = 'null' OR {j} = '\"\"' THEN {_MISSING} "
-        f"WHEN {plain_string} THEN {_ok(_encode_json_string(j))} "
-        f"WHEN {j} IN ('true', 'false') THEN {_ok(j)} "
-        f"WHEN startswith({j}, '{{') OR startswith({j}, '[') THEN {_error(NOT_SCALAR)} "
-        f"ELSE {_let(typed, z, _typed_rule(z, value_text, names))} END"
-    )
+    return _let(f"schema_of_variant({field}.f)", kind, rule)
 
 
 # --- the template --------------------------------------------------------------------------
 
 
 class _Builder:
-    """Builds the three expressions for one template."""
+    """Builds the stages and the two outputs for one template."""
 
-    def __init__(self, template: TopicTemplate, value: str, parsed: str) -> None:
+    def __init__(self, template: TopicTemplate, value: str, parsed: str, prefix: str) -> None:
         self.template = template
-        self.value = value
-        self.parsed = parsed
-        # TopicTemplate's compiled parts: literal strings with a slot per placeholder.
+        self.value = _ident(value)
+        self.parsed = _ident(parsed)
+        self.names = tuple(f"{prefix}_{n}" for n in ("fields", "fast", "levels", "mapped"))
+        self.fields, self.fast, self.levels, self.mapped = (_ident(n) for n in self.names)
+        # TopicTemplate's compiled form: literal parts with a slot for each placeholder.
         self.parts: list[str] = list(template._parts)
         self.placeholders = template._placeholders
         self.paths = list(template.fields)  # distinct paths, in template order
 
-    def decode_failed(self) -> str:
-        """Not JSON, not one value, or not an object at the top level."""
-        p = self.parsed
-        return (
-            f"({p} IS NULL OR variant_get({p}, '$[1]') IS NOT NULL "
-            f"OR try_variant_get({p}, '$[0]', 'struct<>') IS NULL)"
-        )
+    def stages(self) -> list[tuple[str, str]]:
+        if not self.paths:
+            return [(self.names[3], self.mapped_sql())]
+        sqls = (self.fields_sql(), self.fast_sql(), self.levels_sql(), self.mapped_sql())
+        return list(zip(self.names, sqls, strict=True))
+
+    # -- stages ------------------------------------------------------------------------------
 
     def extract(self, keys: list[str], names: _Names) -> str:
         """The field's VARIANT (NULL when missing), following Python's _walk."""
@@ -449,25 +503,64 @@ class _Builder:
             or any(_has_surrogate(k) for k in keys)
         ):
             return _NULL_STRING
-        return sql_string("$" + "".join(segments))  # type: ignore[arg-type]
+        return sql_string("$" + "".join(s for s in segments if s))
 
-    def with_fields(self, body: Callable[[str], str], names: _Names) -> str:
-        """``body(levels)`` where ``levels[k]`` is the m/v/r struct of ``self.paths[k]``."""
+    def fields_sql(self) -> str:
+        """ARRAY<STRUCT<f VARIANT, j STRING, g STRING>>: each distinct path read once."""
+        names = _Names()
         fields = ", ".join(
             f"named_struct('f', {self.extract(path.split('.'), names)}, "
             f"'g', {self.json_path(path.split('.'))})"
             for path in self.paths
         )
-        x, y, levels = names.fresh(), names.fresh(), names.fresh()
-        typed = (
-            f"transform(array({fields}), {x} -> named_struct("
-            f"'f', {x}.f, 'j', to_json({x}.f), 'g', {x}.g))"
+        x = names.fresh()
+        return _map(
+            f"array({fields})", x, f"named_struct('f', {x}.f, 'j', to_json({x}.f), 'g', {x}.g)"
         )
-        rule = _value_rule(y, f"CAST({self.value} AS STRING)", names)
-        return _let(f"transform({typed}, {y} -> {rule})", levels, body(levels))
 
-    def topic_of(self, levels: str) -> str:
+    def fast_sql(self) -> str:
+        """ARRAY<STRUCT<m, v, r>>: everything but numbers."""
+        return _map(self.fields, "_t1", _fast_rule("_t1"))
+
+    def levels_sql(self) -> str:
+        """The fast levels with numbers filled in."""
+        names = _Names()
+        level, field = names.fresh(), names.fresh()
+        numeric = _numeric_rule(field, f"CAST({self.value} AS STRING)", names)
+        fill = _map(
+            self.fast,
+            level,
+            f"IF({level}.r = {_NUMBER}, {_let('_u', field, numeric)}, {level})",
+            other=self.fields,
+        )
+        return f"IF(exists({self.fast}, _t -> _t.r = {_NUMBER}), {fill}, {self.fast})"
+
+    def mapped_sql(self) -> str:
+        """STRUCT<topic, reason>: the record's outcome, from the levels."""
+        t = "_t1"
+        reason = f"coalesce({', '.join([*self.reasons(), _too_long(t)])})"
+        body = (
+            f"CASE WHEN {self.decode_failed()} "
+            f"THEN named_struct('topic', {_NULL_STRING}, 'reason', {sql_string(DECODE)}) "
+            f"ELSE named_struct('topic', IF({_too_long(t)} IS NULL, {t}, {_NULL_STRING}), "
+            f"'reason', {reason}) END"
+        )
+        return _bind(self.topic(), t, body)
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    def decode_failed(self) -> str:
+        """Not JSON, not one value, or not an object at the top level."""
+        p = self.parsed
+        return (
+            f"({p} IS NULL OR variant_get({p}, '$[1]') IS NOT NULL "
+            f"OR try_variant_get({p}, '$[0]', 'struct<>') IS NULL)"
+        )
+
+    def topic(self) -> str:
         """``concat`` of literals and values; NULL if any value is."""
+        if not self.paths:
+            return sql_string(self.template.sample_topic())
         slots = {p.index: p for p in self.placeholders}
         args = []
         for i, piece in enumerate(self.parts):
@@ -476,63 +569,32 @@ class _Builder:
                 if piece:
                     args.append(sql_string(piece))
                 continue
-            level = f"{levels}[{self.paths.index(p.path)}]"
+            level = f"{self.levels}[{self.paths.index(p.path)}]"
             default = _NULL_STRING if p.default is None else sql_string(p.default)
             args.append(f"IF({level}.m, {default}, {level}.v)")
         return args[0] if len(args) == 1 else f"concat({', '.join(args)})"
 
-    def reasons_of(self, levels: str) -> list[str]:
+    def reasons(self) -> list[str]:
         """Each placeholder's reason, in template order (Python stops at the first)."""
         out = []
         for p in self.placeholders:
-            level = f"{levels}[{self.paths.index(p.path)}]"
+            level = f"{self.levels}[{self.paths.index(p.path)}]"
             if p.default is None:
                 out.append(f"IF({level}.m, {sql_string(MISSING_FIELD)}, {level}.r)")
             else:
                 out.append(f"{level}.r")
         return out
 
-    def mapped(self, body: Callable[[str, list[str]], str]) -> str:
-        """``body(topic, reasons)`` for a decoded record (no placeholders: no lambdas)."""
-        names = _Names()
-        if not self.paths:
-            return body(sql_string(self.template.sample_topic()), [])
-
-        def with_topic(levels: str) -> str:
-            t = names.fresh()
-            return _let(self.topic_of(levels), t, body(t, self.reasons_of(levels)))
-
-        return self.with_fields(with_topic, names)
-
     def topic_sql(self) -> str:
-        def body(topic: str, _reasons: list[str]) -> str:
-            return f"IF({_too_long(topic)}, {_NULL_STRING}, {topic})"
-
-        return f"CASE WHEN {self.decode_failed()} THEN {_NULL_STRING} ELSE {self.mapped(body)} END"
+        return f"{self.mapped}.topic"
 
     def reason_sql(self) -> str:
-        def body(topic: str, reasons: list[str]) -> str:
-            return _first_reason(topic, reasons)
-
-        decoded = sql_string(DECODE)
-        return f"CASE WHEN {self.decode_failed()} THEN {decoded} ELSE {self.mapped(body)} END"
-
-    def mapped_sql(self) -> str:
-        def body(topic: str, reasons: list[str]) -> str:
-            return (
-                f"named_struct('topic', IF({_too_long(topic)}, {_NULL_STRING}, {topic}), "
-                f"'reason', {_first_reason(topic, reasons)})"
-            )
-
-        decoded = f"named_struct('topic', {_NULL_STRING}, 'reason', {sql_string(DECODE)})"
-        return f"CASE WHEN {self.decode_failed()} THEN {decoded} ELSE {self.mapped(body)} END"
+        return f"{self.mapped}.reason"
 
 
 def _too_long(topic: str) -> str:
-    return f"octet_length({topic}) > {MAX_TOPIC_BYTES}"
-
-
-def _first_reason(topic: str, reasons: list[str]) -> str:
-    """Placeholders in template order, then the length, as TopicTemplate.topic checks."""
-    too_long = f"IF({_too_long(topic)}, {sql_string(TOPIC_TOO_LONG)}, {_NULL_STRING})"
-    return f"coalesce({', '.join([*reasons, too_long])})"
+    """``topic_too_long`` when over the limit, else NULL (also for a NULL topic)."""
+    return (
+        f"IF(octet_length({topic}) > {MAX_TOPIC_BYTES}, "
+        f"{sql_string(TOPIC_TOO_LONG)}, {_NULL_STRING})"
+    )
