@@ -9,27 +9,25 @@ that one side refuses) are listed in docs/spark.md ("Topic mapping in Spark SQL"
 This module only builds strings (no pyspark import), so it is testable without Spark.
 
 The mapping is a chain of helper columns (:attr:`CompiledTopic.stages`), one projection
-each, rather than one big expression: each value is then computed once (Spark SQL has
-no LET), and the generated code stays in methods small enough for the JVM's JIT (it
-never compiles a method over 8000 bytes of bytecode; one expression for the whole
-mapping ran 3-5 times slower for that reason). In SQL terms:
+each, rather than one expression: so each value is computed once (Spark SQL has no LET),
+and each stage keeps its generated code to itself (see :func:`_detached`). In SQL terms:
 
-1. **parse** (template-independent, shareable): the Kafka value (BINARY) as STRING,
-   checked to be UTF-8 (``is_valid_utf8``), parsed once with ``from_json(.., 'variant')``
-   inside ``[...]``. VARIANT keeps JSON types apart, which get_json_object cannot (it
-   returns an object's text, so the string ``"{x"`` and an object look alike); the
-   wrapper turns data after the top-level object (``{..}{..}``) into an error, which
-   Spark would otherwise ignore.
-2. **fields**: each distinct field path once (``variant_get``) and its ``to_json`` text,
-   which tells null, booleans, strings, objects and arrays apart cheaply.
-3. **fast**: the value rule for all of those; strings are percent-encoded straight from
-   their JSON text with nested ``replace`` calls (``%`` first, a leading ``$`` as
-   ``%24``, JSON escapes of control characters turned into ``%XX``).
-4. **levels**: numbers, rare in topics, by ``schema_of_variant`` type, with Python's
-   ``str(int)`` and ``repr(float)`` rebuilt from Java's number text.
-5. ``topic_sql`` and ``reason_sql``: ``concat`` of literals and levels; the first
-   failing placeholder's reason in template order, then ``topic_too_long`` (over 250
-   bytes, ``octet_length``), as TopicTemplate.topic raises them.
+1. **parse** (the same for every template, so it can be shared): the Kafka value
+   (BINARY) as STRING, checked to be UTF-8 (``is_valid_utf8``), parsed once with
+   ``from_json(.., 'variant')`` inside ``[...]``. VARIANT keeps JSON types apart, which
+   get_json_object cannot (it returns an object's text, so the string ``"{x"`` and an
+   object look alike); the wrapper makes data after the top-level object (``{..}{..}``)
+   an error, which Spark would otherwise ignore.
+2. **fields**: each distinct field path read once (``variant_get``), with its
+   ``to_json`` text, which tells null, booleans, strings, objects and arrays apart.
+3. **fast**: the value rule for all of those; a string is percent-encoded straight from
+   its JSON text with nested ``replace`` calls (``%`` first; JSON's escapes of control
+   characters become ``%XX``; a leading ``$`` becomes ``%24``).
+4. **levels**: numbers (rare in topics) by ``schema_of_variant`` type, with Python's
+   ``str(int)`` and ``repr(float)`` rebuilt from Java's text for the number.
+5. **mapped**: ``concat`` of literal parts and levels, the first failing placeholder's
+   reason in template order, then ``topic_too_long`` (``octet_length`` over 250), as
+   TopicTemplate.topic raises them; ``topic_sql`` and ``reason_sql`` read it.
 """
 
 from __future__ import annotations
@@ -82,7 +80,7 @@ _NUMBER: Final = "'#number'"
 
 @dataclass(frozen=True)
 class CompiledTopic:
-    """A template as Spark SQL. Add the helper columns in order, then topic and reason::
+    """A template as Spark SQL: helper columns to add in order, then topic and reason::
 
         for name, sql in compiled.stages:
             df = df.selectExpr("*", f"{sql} AS `{name}`")
@@ -91,13 +89,13 @@ class CompiledTopic:
 
     or ``compiled.select(df)``, which does that and drops the helpers again.
 
-    - ``parse_sql`` (the first stage, column ``parsed_column``) reads ``value_column``
-      (BINARY or STRING) and is the only place that parses JSON. It does not depend on
-      the template: templates with different ``prefix`` can share one parsed column.
-    - ``fields_sql`` reads each field path once; ``fast_sql`` and ``levels_sql`` apply
-      the value rule (``levels_sql`` reads ``value_column`` again only for a number that
-      VARIANT cannot render exactly: an integer of 39+ digits, ``-0.0``, ``1e19`` written
-      out in digits with ``.0``).
+    - The first stage, ``parse_sql`` (column ``parsed_column``), reads ``value_column``
+      (BINARY or STRING) and is the only one that parses JSON. It is the same for every
+      template: templates compiled with different ``prefix`` can share the column.
+    - ``fields_sql`` reads each field path once; the next stages apply the value rule.
+      ``value_column`` is read again (get_json_object) only for a number that VARIANT
+      cannot render as Python does: an integer of 39 digits or more, ``-0.0``, or a
+      float beyond BIGINT written with ``.0`` (``12345678901234567890.0``).
     - ``topic_sql``: the topic (STRING), NULL when the record cannot be mapped.
     - ``reason_sql``: NULL when mapped, else the plain bridge's reason code: ``decode``,
       ``missing_field``, ``not_scalar``, ``bad_value`` or ``topic_too_long``.
@@ -115,15 +113,13 @@ class CompiledTopic:
         return self.stages[0][1]
 
     @property
+    def fields_sql(self) -> str | None:
+        """The stage that extracts the fields; None for a template without placeholders."""
+        return next((sql for name, sql in self.stages if name.endswith("_fields")), None)
+
+    @property
     def helper_columns(self) -> tuple[str, ...]:
         return tuple(name for name, _sql in self.stages)
-
-    def stage_sql(self, suffix: str) -> str:
-        """The SQL of the stage whose column ends with ``suffix`` (fields, fast, levels)."""
-        for name, sql in self.stages:
-            if name.endswith("_" + suffix):
-                return sql
-        raise KeyError(suffix)
 
     def select(self, df: Any, *, topic: str = "topic", reason: str = "reason") -> Any:
         """``df`` plus ``topic`` and ``reason`` (duck-typed DataFrame: no pyspark here).
@@ -152,8 +148,9 @@ def compile_topic(
 ) -> CompiledTopic:
     """Compile ``template`` (checked by TopicTemplate: TemplateError) into Spark SQL.
 
-    Helper columns are ``parsed_column`` and ``{prefix}_fields``, ``{prefix}_fast``,
-    ``{prefix}_levels``; give each template applied to one DataFrame its own prefix.
+    Helper columns are ``parsed_column`` and ``{prefix}_fields``, ``_fast``, ``_levels``
+    and ``_mapped``; give each template applied to one DataFrame its own prefix. Lambda
+    variables are named ``__*``: keep column names of that form out of the way.
     """
     compiled = template if isinstance(template, TopicTemplate) else TopicTemplate.compile(template)
     builder = _Builder(compiled, value_column, parsed_column, prefix)
@@ -240,7 +237,7 @@ class _Names:
 
     def fresh(self) -> str:
         self.count += 1
-        return f"_t{self.count}"
+        return f"__t{self.count}"
 
 
 def _let(value: str, var: str, body: str) -> str:
@@ -248,20 +245,26 @@ def _let(value: str, var: str, body: str) -> str:
     return f"transform(array({value}), {var} -> {body})[0]"
 
 
-def _map(array: str, var: str, body: str, other: str | None = None) -> str:
-    """``transform`` (with a second array's element as ``_u``), as ``zip_with``.
+def _detached(array: str, other: str) -> str:
+    """``array`` unchanged, paired with ``other`` of the same length, via ``zip_with``.
 
-    zip_with is evaluated without code generation, which keeps a stage out of Spark's
-    whole-stage codegen: there, all stages would share one generated method far over the
-    JIT's 8000-byte limit and run 3-4 times slower (measured; also
-    spark.sql.codegen.hugeMethodLimit=8000 would do it, but needs the session's help).
+    zip_with has no code generation, so a projection that uses it is left out of Spark's
+    whole-stage codegen. There all the stages would share one generated method far over
+    the JVM's 8000-byte JIT limit and run about 4 times slower (measured; setting
+    spark.sql.codegen.hugeMethodLimit=8000 has the same effect, but only per session).
+    The expressions around it are still compiled, in methods of their own.
     """
-    return f"zip_with({array}, {other or array}, ({var}, _u) -> {body})"
+    return f"zip_with({array}, {other}, (__a, __b) -> __a)"
+
+
+def _map(array: str, var: str, body: str, other: str) -> str:
+    """``transform`` over ``array`` in a projection of its own (see :func:`_detached`)."""
+    return f"transform({_detached(array, other)}, {var} -> {body})"
 
 
 def _bind(value: str, var: str, body: str) -> str:
-    """:func:`_let` outside code generation (see :func:`_map`)."""
-    return _map(f"array({value})", var, body) + "[0]"
+    """:func:`_let` in a projection of its own (see :func:`_detached`)."""
+    return _map(f"array({value})", var, body, "array(0)") + "[0]"
 
 
 def _result(missing: str, value: str, reason: str) -> str:
@@ -514,30 +517,28 @@ class _Builder:
             for path in self.paths
         )
         x = names.fresh()
-        return _map(
-            f"array({fields})", x, f"named_struct('f', {x}.f, 'j', to_json({x}.f), 'g', {x}.g)"
-        )
+        zeros = f"array({', '.join('0' for _ in self.paths)})"
+        body = f"named_struct('f', {x}.f, 'j', to_json({x}.f), 'g', {x}.g)"
+        return _map(f"array({fields})", x, body, zeros)
 
     def fast_sql(self) -> str:
         """ARRAY<STRUCT<m, v, r>>: everything but numbers."""
-        return _map(self.fields, "_t1", _fast_rule("_t1"))
+        return _map(self.fields, "__f", _fast_rule("__f"), self.fields)
 
     def levels_sql(self) -> str:
-        """The fast levels with numbers filled in."""
+        """The fast levels with numbers filled in (pairs of fast level and field)."""
         names = _Names()
-        level, field = names.fresh(), names.fresh()
-        numeric = _numeric_rule(field, f"CAST({self.value} AS STRING)", names)
-        fill = _map(
-            self.fast,
-            level,
-            f"IF({level}.r = {_NUMBER}, {_let('_u', field, numeric)}, {level})",
-            other=self.fields,
+        pair = names.fresh()
+        numeric = _numeric_rule(f"{pair}.x", f"CAST({self.value} AS STRING)", names)
+        pairs = (
+            f"zip_with({self.fast}, {self.fields}, (__a, __b) -> named_struct('l', __a, 'x', __b))"
         )
-        return f"IF(exists({self.fast}, _t -> _t.r = {_NUMBER}), {fill}, {self.fast})"
+        fill = f"transform({pairs}, {pair} -> IF({pair}.l.r = {_NUMBER}, {numeric}, {pair}.l))"
+        return f"IF(exists({self.fast}, __l -> __l.r = {_NUMBER}), {fill}, {self.fast})"
 
     def mapped_sql(self) -> str:
         """STRUCT<topic, reason>: the record's outcome, from the levels."""
-        t = "_t1"
+        t = "__t"
         reason = f"coalesce({', '.join([*self.reasons(), _too_long(t)])})"
         body = (
             f"CASE WHEN {self.decode_failed()} "
