@@ -1,0 +1,118 @@
+"""Smoke test for bench/spark_bridge.py: the quick run in a subprocess, so the benchmark
+cannot rot.
+
+It starts Tansu, two brokers, the plain bridge and one Spark driver (local[2]) on 127.0.0.1
+(~25-40 s, most of it the JVM and the SparkSession starting) and checks that both
+pipelines delivered exactly the expected events in both phases and left nothing running.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.benchrun import ROOT, run_quick
+
+pytest.importorskip("confluent_kafka")
+
+from bridges.tansu import TansuUnavailable, tansu_binary
+
+SCRIPT = ROOT / "bench" / "spark_bridge.py"
+EVENTS = 3_000
+LIVE = 1_000  # 1,000/s for 1 s
+# 4 partitions of 750 records: offsets 0..748 regular (site s{offset % 100}) and a sentinel
+# (site s00) at 749, so s0* wants 80 + 1 per partition. The live records go on at offsets
+# 750..999 of each partition: s0* wants 800..809 and 900..909.
+WANTED_BACKLOG = 324
+WANTED_LIVE = 80
+RUNS = {"plain-10": ("plain", None), "table-10": ("spark", "table")}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
+    try:
+        tansu_binary()
+    except TansuUnavailable as exc:
+        pytest.skip(f"Tansu is unavailable: {exc}")
+    from bridges.spark.session import SparkUnavailable, check_spark
+
+    try:
+        check_spark()
+    except SparkUnavailable as exc:
+        pytest.skip(f"Spark is unavailable: {exc}")
+    return run_quick(SCRIPT, tmp_path_factory.mktemp("bench") / "spark_bridge.json")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process of ours (a zombie or a reused pid is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z" and any(x in cmdline for x in (b"broker.cli", b"tansu", b"pyspark"))
+
+
+def test_quick_run_counts_exactly_in_both_phases(quick_run: tuple) -> None:
+    _, report = quick_run
+    assert report["benchmark"] == "spark_bridge"
+    assert {"python", "cpu_count", "pyspark", "java"} <= report["machine"].keys()
+    params = report["parameters"]
+    assert params["quick"] is True and params["events"] == EVENTS
+    assert params["master"] == "local[2]" and params["max_offsets"] == 1_000
+    assert list(report["runs"]) == list(RUNS)
+    for name, (pipeline, mode) in RUNS.items():
+        run = report["runs"][name]
+        assert run["problems"] == [], (name, run["problems"])
+        assert (run["pipeline"], run["filter_mode"], run["label"]) == (pipeline, mode, "10%")
+        assert run["wanted_backlog"] == WANTED_BACKLOG and run["wanted_live"] == WANTED_LIVE
+        exact = run["exact"]
+        assert exact["expected"] == exact["delivered"] == WANTED_BACKLOG + WANTED_LIVE, name
+        assert exact["duplicates"] == exact["missing"] == exact["unexpected"] == 0, name
+        assert exact["wrong_topic"] == exact["extra_bytes_after"] == 0, name
+        assert exact["broker_messages_in"] == WANTED_BACKLOG + WANTED_LIVE, name
+        assert run["pipeline_stop"]["exit_status"] == 0, (name, run["pipeline_stop"])
+        assert run["pipeline_stop"]["killed"] is False, name
+        assert run["live_produce"]["records"] == LIVE, name
+        latency = run["latency"]
+        assert latency["count"] == WANTED_LIVE, name
+        assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"], name
+        assert 0 < run["throughput"]["first_batch_seconds"] < 120, name
+
+
+def test_spark_run_has_a_steady_window_and_query_progress(quick_run: tuple) -> None:
+    _, report = quick_run
+    run = report["runs"]["table-10"]
+    throughput = run["throughput"]
+    # The first micro-batch holds the first 1,000 records; two more follow.
+    assert throughput["first_batch_records"] == 1_000
+    assert throughput["steady_events"] == EVENTS - 1_000
+    assert throughput["steady_events_per_second"] > 0
+    assert {"jvm", "py_workers", "driver", "broker", "machine"} <= throughput["cpu_share"].keys()
+    progress = run["spark_progress"]
+    assert progress["first_batch_rows"] == 1_000 and progress["backlog_batches"] == 3
+    assert progress["steady_ms_per_batch"]["addBatch"] > 0
+    assert run["spark_stopped"], "the driver logged no 'spark bridge stopped'"
+
+
+def test_quick_run_reports_goals_and_prints_a_table(quick_run: tuple) -> None:
+    proc, report = quick_run
+    goals = {g["goal"]: g for g in report["goals"]}
+    for name in RUNS:
+        assert goals[f"exact counts, {name}"]["status"] == "PASS"
+    assert goals["Spark >= 25,000 events/s steady, table-10"]["status"] == "not measured"
+    for text in ("steady ev/s", "1st batch s", "p99 ms", "table-10", "CPU over the steady"):
+        assert text in proc.stdout, text
+
+
+def test_quick_run_leaves_no_process_behind(quick_run: tuple) -> None:
+    _, report = quick_run
+    pids = [report["tansu_pid"]]
+    for run in report["runs"].values():
+        pids += [run["broker_pid"], run["pipeline_pid"], *run["pipeline_tree"]]
+    assert len(report["runs"]["table-10"]["pipeline_tree"]) >= 3  # driver, JVM, workers
+    for pid in pids:
+        assert not _running(pid), pid
