@@ -348,54 +348,82 @@ def _fast_rule(field: str) -> str:
     )
 
 
+def _shortest(shape: str, number: str, names: _Names) -> str:
+    """The shortest digits that read back as ``number``, closest first (Python's repr).
+
+    ``shape`` has Java's digits; on JDK < 19 they can be longer than needed. For each
+    length, the digits cut there (``lo``) and one unit above (``hi``) are the candidates
+    next to the value; the first length where one reads back equal wins, and when both
+    do, the cut-off tail of Java's digits says which is closer.
+    """
+    q, c, x = names.fresh(), names.fresh(), names.fresh()
+    d, point, sign = f"{shape}.d", f"{shape}.p", f"{shape}.s"
+    hi = f"CAST(try_cast(substr({d}, 1, {q}) AS DECIMAL(20, 0)) + 1 AS STRING)"
+    candidates = (
+        f"transform(sequence(1, length({d})), {q} -> named_struct("
+        f"'lo', substr({d}, 1, {q}), 'hi', {hi}, "
+        f"'hp', {point} + IF(length({hi}) > {q}, 1, 0), 'tail', substr({d}, {q} + 1)))"
+    )
+
+    def reads_back(digits: str, at: str) -> str:
+        text = f"concat({sign}, '0.', {digits}, 'E', CAST({at} AS STRING))"
+        return f"coalesce(try_cast({text} AS DOUBLE) = {number}, false)"
+
+    lo_ok, hi_ok = reads_back(f"{c}.lo", point), reads_back(f"{c}.hi", f"{c}.hp")
+    flags = f"transform({candidates}, {c} -> named_struct('lo', {lo_ok}, 'hi', {hi_ok}, 'c', {c}))"
+    take_lo = f"{x}.lo AND (NOT {x}.hi OR {x}.c.tail < '5')"
+    first = f"try_element_at(filter({flags}, {x} -> {x}.lo OR {x}.hi), 1)"
+    pick = (
+        f"named_struct('s', {sign}, "
+        f"'d', TRIM(TRAILING '0' FROM IF({take_lo}, {x}.c.lo, {x}.c.hi)), "
+        f"'p', IF({take_lo}, {point}, {x}.c.hp))"
+    )
+    return f"coalesce({_let(first, x, f'IF({x} IS NULL, NULL, {pick})')}, {shape})"
+
+
 def _python_float(number: str, names: _Names) -> str:
     """Python's ``repr`` of the finite DOUBLE ``number``, with ``e+`` written ``e``.
 
-    Java's Double.toString gives the digits (on JDK < 19 sometimes too many: then the
-    shortest ``%.Ne`` form that reads back equal is taken); they are laid out the way
-    Python does: exponent form when the decimal point is over 16 or under -3 places away.
+    Java's Double.toString gives the digits (made shortest by :func:`_shortest` when
+    they may not be: 16 digits or more, or a subnormal); they are laid out the way Python
+    does: exponent form when the decimal point is over 16 or under -3 places away.
     """
-    java = names.fresh()
-    digits_of = f"length(regexp_extract({java}, '^-?([0-9.]+)', 1)) > 16"
-    subnormal = f"(abs({number}) < {_SMALLEST_NORMAL} AND {number} != 0)"
-    p, c = names.fresh(), names.fresh()
-    shortest = (
-        f"try_element_at(filter(transform(sequence(0, 16), {p} -> "
-        f"format_string(concat('%.', CAST({p} AS STRING), 'e'), {number})), "
-        f"{c} -> try_cast({c} AS DOUBLE) = {number}), 1)"
-    )
-    text = f"IF({digits_of} OR {subnormal}, coalesce({shortest}, {java}), {java})"
+    java, n, f, g = names.fresh(), names.fresh(), names.fresh(), names.fresh()
     pattern = "'^(-?)([0-9]+)(?:[.]([0-9]*))?(?:[eE]([-+]?[0-9]+))?$'"
-    t, n = names.fresh(), names.fresh()
     parts = (
-        f"named_struct('s', regexp_extract({t}, {pattern}, 1), "
-        f"'i', regexp_extract({t}, {pattern}, 2), "
-        f"'raw', concat(regexp_extract({t}, {pattern}, 2), regexp_extract({t}, {pattern}, 3)), "
-        f"'e', coalesce(try_cast(nullif(regexp_extract({t}, {pattern}, 4), '') AS INT), 0))"
+        f"named_struct('s', regexp_extract({java}, {pattern}, 1), "
+        f"'i', regexp_extract({java}, {pattern}, 2), "
+        f"'raw', concat(regexp_extract({java}, {pattern}, 2), "
+        f"regexp_extract({java}, {pattern}, 3)), "
+        f"'e', coalesce(try_cast(nullif(regexp_extract({java}, {pattern}, 4), '') AS INT), 0))"
     )
-    # digits without leading and trailing zeros, and the decimal point position:
-    # value = 0.DIGITS * 10^point
+    # digits without leading and trailing zeros, and the decimal point's position:
+    # number = 0.DIGITS * 10^point
     stripped = f"TRIM(LEADING '0' FROM {n}.raw)"
     shape = (
         f"named_struct('s', {n}.s, 'd', TRIM(TRAILING '0' FROM {stripped}), "
         f"'p', length({n}.i) + {n}.e - (length({n}.raw) - length({stripped})))"
     )
-    f = names.fresh()
-    d, point = f"{f}.d", f"{f}.p"
+    subnormal = f"(abs({number}) < {_SMALLEST_NORMAL} AND {number} != 0)"
+    best = f"IF(length({f}.d) >= 16 OR {subnormal}, {_shortest(f, number, names)}, {f})"
+    d, point = f"{g}.d", f"{g}.p"
     exponent = f"abs({point} - 1)"
     layout = (
-        f"CASE WHEN {d} = '' THEN concat({f}.s, '0.0') "
-        f"WHEN {point} > -4 AND {point} <= 16 THEN concat({f}.s, CASE "
+        f"CASE WHEN {d} = '' THEN concat({g}.s, '0.0') "
+        f"WHEN {point} > -4 AND {point} <= 16 THEN concat({g}.s, CASE "
         f"WHEN {point} <= 0 THEN concat('0.', repeat('0', -{point}), {d}) "
         f"WHEN {point} >= length({d}) THEN concat({d}, repeat('0', {point} - length({d})), '.0') "
         f"ELSE concat(substr({d}, 1, {point}), '.', substr({d}, {point} + 1)) END) "
-        f"ELSE concat({f}.s, substr({d}, 1, 1), "
+        f"ELSE concat({g}.s, substr({d}, 1, 1), "
         f"IF(length({d}) > 1, concat('.', substr({d}, 2)), ''), 'e', "
         f"IF({point} <= 0, '-', ''), IF({exponent} < 10, '0', ''), CAST({exponent} AS STRING)) "
         "END"
     )
-    inner = _let(shape, f, layout)
-    return _let(f"CAST({number} AS STRING)", java, _let(text, t, _let(parts, n, inner)))
+    return _let(
+        f"CAST({number} AS STRING)",
+        java,
+        _let(parts, n, _let(shape, f, _let(best, g, layout))),
+    )
 
 
 def _number(field: str, kind: str, value_text: str, names: _Names) -> str:
@@ -441,7 +469,7 @@ def _numeric_rule(field: str, value_text: str, names: _Names) -> str:
         f"THEN {_number(field, kind, value_text, names)} "
         f"ELSE {_error(BAD_VALUE)} END"
     )
-    return _let(f"schema_of_variant({field}.f)", kind, rule)
+    return _let(f"{field}.k", kind, rule)
 
 
 # --- the template --------------------------------------------------------------------------
@@ -518,7 +546,7 @@ class _Builder:
         )
         x = names.fresh()
         zeros = f"array({', '.join('0' for _ in self.paths)})"
-        body = f"named_struct('f', {x}.f, 'j', to_json({x}.f), 'g', {x}.g)"
+        body = f"named_struct('j', to_json({x}.f), 'k', schema_of_variant({x}.f), 'g', {x}.g)"
         return _map(f"array({fields})", x, body, zeros)
 
     def fast_sql(self) -> str:
@@ -526,14 +554,19 @@ class _Builder:
         return _map(self.fields, "__f", _fast_rule("__f"), self.fields)
 
     def levels_sql(self) -> str:
-        """The fast levels with numbers filled in (pairs of fast level and field)."""
+        """The fast levels with numbers filled in, by pairs of fast level and field.
+
+        Its lambda is the biggest expression by far, so it stays inside zip_with and out
+        of generated code (see :func:`_detached`): rows without numbers only run the
+        ``exists`` test.
+        """
         names = _Names()
-        pair = names.fresh()
-        numeric = _numeric_rule(f"{pair}.x", f"CAST({self.value} AS STRING)", names)
-        pairs = (
-            f"zip_with({self.fast}, {self.fields}, (__a, __b) -> named_struct('l', __a, 'x', __b))"
+        level, field = names.fresh(), names.fresh()
+        numeric = _numeric_rule(field, f"CAST({self.value} AS STRING)", names)
+        fill = (
+            f"zip_with({self.fast}, {self.fields}, ({level}, {field}) -> "
+            f"IF({level}.r = {_NUMBER}, {numeric}, {level}))"
         )
-        fill = f"transform({pairs}, {pair} -> IF({pair}.l.r = {_NUMBER}, {numeric}, {pair}.l))"
         return f"IF(exists({self.fast}, __l -> __l.r = {_NUMBER}), {fill}, {self.fast})"
 
     def mapped_sql(self) -> str:
