@@ -48,6 +48,7 @@ from routing.topics import MAX_TOPIC_BYTES
 
 __all__ = [
     "DECODE",
+    "HELPER_PREFIX",
     "PARSED_COLUMN",
     "CompiledTopic",
     "compile_topic",
@@ -127,7 +128,7 @@ class CompiledTopic:
         A parsed column that ``df`` already has (another template's) is reused.
         """
         out = df
-        added = []
+        added: list[str] = []
         for name, sql in self.stages:
             if name == self.parsed_column and name in out.columns:
                 continue
@@ -469,7 +470,7 @@ def _numeric_rule(field: str, value_text: str, names: _Names) -> str:
         f"THEN {_number(field, kind, value_text, names)} "
         f"ELSE {_error(BAD_VALUE)} END"
     )
-    return _let(f"{field}.k", kind, rule)
+    return _let(f"schema_of_variant({field}.f)", kind, rule)
 
 
 # --- the template --------------------------------------------------------------------------
@@ -546,7 +547,7 @@ class _Builder:
         )
         x = names.fresh()
         zeros = f"array({', '.join('0' for _ in self.paths)})"
-        body = f"named_struct('j', to_json({x}.f), 'k', schema_of_variant({x}.f), 'g', {x}.g)"
+        body = f"named_struct('f', {x}.f, 'j', to_json({x}.f), 'g', {x}.g)"
         return _map(f"array({fields})", x, body, zeros)
 
     def fast_sql(self) -> str:
