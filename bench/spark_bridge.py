@@ -146,6 +146,7 @@ LIVE_DRAIN_TIMEOUT = 60.0  # after the last live record was produced
 EXTRA_WAIT = 0.5  # anything more than expected would come right behind
 STOP_TIMEOUT = 45.0  # the Spark driver stops the query and the session on SIGTERM
 SUB_TIMEOUT = 30.0
+SPARK_PARTS = ("driver", "jvm", "py_tasks", "py_other")
 GROUP_GRACE = 10.0  # seconds the Spark driver's other processes get to exit by themselves
 QUIET_BUSY = 0.3  # cores busy (all processes) below which the machine counts as quiet
 QUIET_PROBE = 2.0  # seconds per look
@@ -702,6 +703,8 @@ class CpuSampler:
         self.samples: list[tuple[float, dict[str, float]]] = []
         self.groups: set[int] = set()
         self.pids: set[int] = set()  # every process seen in the pipeline's tree
+        self.seen: dict[int, tuple[str, float]] = {}  # pid -> (part, CPU seconds last seen)
+        self.kinds: dict[int, str] = {}
         self.next_at = 0.0
 
     def tick(self) -> None:
@@ -715,11 +718,14 @@ class CpuSampler:
         tree = process_tree(self.pipeline)
         self.groups |= {info[1] for info in tree.values()}
         self.pids |= set(tree)
-        names = ("driver", "jvm", "py_workers") if self.spark else ("bridge", "bridge", "bridge")
+        for pid, (_ppid, _pgrp, _state, comm, seconds) in tree.items():
+            self.seen[pid] = (self._category(pid, comm), seconds)
+        names = SPARK_PARTS if self.spark else ("bridge",)
         for name in names:
             cpu.setdefault(name, 0.0)
-        for pid, (_ppid, _pgrp, _state, comm, seconds) in tree.items():
-            name = names[0] if pid == self.pipeline else names[1] if comm == "java" else names[2]
+        # Exited processes keep their last reading: Spark forks short-lived Python workers
+        # (pyspark's daemon reaps them, so their time shows nowhere else).
+        for name, seconds in self.seen.values():
             cpu[name] += seconds
         for name, pid in self.others.items():
             try:
@@ -727,6 +733,24 @@ class CpuSampler:
             except (OSError, IndexError, ValueError):
                 cpu[name] = float("nan")
         self.samples.append((time.monotonic(), cpu))
+
+    def _category(self, pid: int, comm: str) -> str:
+        if not self.spark:
+            return "bridge"
+        if pid == self.pipeline:
+            return "driver"
+        if comm == "java":
+            return "jvm"
+        if pid not in self.kinds:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                args = []
+            # pyspark.daemon's workers: "-m pyspark.daemon pyspark.worker" runs the tasks
+            # (the Kafka read and the sink); the others plan data source reads and writes.
+            self.kinds[pid] = "py_tasks" if b"pyspark.worker" in args else "py_other"
+        return self.kinds[pid]
 
     def at(self, when: float) -> tuple[float, dict[str, float]] | None:
         if not self.samples:

@@ -91,7 +91,9 @@ def test_spark_run_has_a_steady_window_and_query_progress(quick_run: tuple) -> N
     assert throughput["first_batch_records"] == 1_000
     assert throughput["steady_events"] == EVENTS - 1_000
     assert throughput["steady_events_per_second"] > 0
-    assert {"jvm", "py_workers", "driver", "broker", "machine"} <= throughput["cpu_share"].keys()
+    assert {"jvm", "py_tasks", "py_other", "driver", "broker", "machine"} <= throughput[
+        "cpu_share"
+    ].keys()
     progress = run["spark_progress"]
     assert progress["first_batch_rows"] == 1_000 and progress["backlog_batches"] == 3
     assert progress["steady_ms_per_batch"]["addBatch"] > 0
