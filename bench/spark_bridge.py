@@ -127,6 +127,7 @@ from bench.e2e import (  # noqa: E402
     scan_log,
     stop_broker,
 )
+from bridges.spark.session import FAST_JVM  # noqa: E402
 from bridges.tansu import Tansu, TansuUnavailable, start_tansu  # noqa: E402
 from broker.frames import Pong, Sub  # noqa: E402
 from routing import parse_filter  # noqa: E402
@@ -167,6 +168,7 @@ class RunSpec:
     label: str  # a key of SELECTIVITIES
     mode: str | None = None  # Spark's [spark] filter
     extra_filters: int = 0
+    c1_jit: bool = False  # the driver JVM with FAST_JVM (what the tests use), not the default
 
 
 RUNS: dict[str, RunSpec] = {
@@ -179,6 +181,7 @@ RUNS: dict[str, RunSpec] = {
     "plain-10-1k": RunSpec("plain", "10%", None, EXTRA_FILTERS),
     "table-10-1k": RunSpec("spark", "10%", "table", EXTRA_FILTERS),
     "regex-10-1k": RunSpec("spark", "10%", "regex", EXTRA_FILTERS),
+    "table-10-c1": RunSpec("spark", "10%", "table", c1_jit=True),
 }
 
 #: The driver JVM's logging: Spark's usual console output at WARN, and the streaming
@@ -538,7 +541,10 @@ stats_interval = 0
     if spec.pipeline == "spark":
         log4j = log_dir / f"log4j2-{slug}.properties"
         log4j.write_text(LOG4J2.format(path=log_dir / f"progress-{slug}.log"))
-        java = f"{params['java_options']} -Dlog4j2.configurationFile=file:{log4j}".strip()
+        options = params["java_options"]
+        if options is None:
+            options = FAST_JVM if spec.c1_jit or params["quick"] else ""
+        java = f"{options} -Dlog4j2.configurationFile=file:{log4j}".strip()
         conf = {"spark.driver.extraJavaOptions": java, **params["spark_conf"]}
         conf_lines = "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in conf.items())
         text += f"""
@@ -1192,8 +1198,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", help=f"comma-separated runs, of {', '.join(RUNS)}")
     parser.add_argument(
         "--java-options", default=None, metavar="OPTIONS",
-        help="the driver JVM's options (default: the session's own, "
-        "bridges.spark.session.FAST_JVM); the progress log setting is added",
+        help="the driver JVM's options for every Spark run (default: none, as "
+        "`topiary bridge spark` runs; FAST_JVM for -c1 runs and --quick); the progress "
+        "log setting is added",
     )  # fmt: skip
     parser.add_argument(
         "--kafka", action="append", default=[], metavar="KEY=VALUE",
@@ -1256,11 +1263,8 @@ def main(argv: list[str] | None = None) -> int:
     params["trigger"] = args.trigger
     params["kafka"] = args.kafka
     params["spark_conf"] = {k: str(v) for k, v in args.spark_conf.items()}
-    if args.java_options is None:
-        from bridges.spark.session import FAST_JVM
-
-        args.java_options = FAST_JVM
     params["java_options"] = args.java_options
+    params["quick"] = args.quick
     sizes = [0] * PARTITIONS
     for partition, _site in stream_plan(params["events"]):
         sizes[partition] += 1

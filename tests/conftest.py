@@ -82,7 +82,7 @@ def spark() -> Iterator[object]:
     from bridges.spark.session import SparkUnavailable, build_session
 
     try:
-        session = build_session("local[2]", app_name="topiary-tests")
+        session = build_session("local[2]", app_name="topiary-tests", fast_start=True)
     except SparkUnavailable as exc:
         pytest.skip(f"Spark not available: {exc}")
     yield session

@@ -13,7 +13,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-#: Faster JVM start on small machines: the C1 compiler only, the serial collector.
+#: Faster JVM start on small machines: the C1 compiler only, the serial collector. For tests
+#: and short jobs only: without C2 the compiled topic mapping runs 2.5-3.5x slower in a long
+#: run (docs/benchmarks.md, "Spark pipeline").
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
@@ -47,8 +49,13 @@ def build_session(
     app_name: str = "topiary-bridge",
     conf: Mapping[str, Any] | None = None,
     local: bool = True,
+    fast_start: bool = False,
 ) -> Any:
-    """Get or create the SparkSession; ``conf`` is passed through (it wins)."""
+    """Get or create the SparkSession; ``conf`` is passed through (it wins).
+
+    ``fast_start`` gives the driver JVM FAST_JVM: seconds less to start, much slower once
+    running, so only tests ask for it.
+    """
     check_spark()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -67,8 +74,9 @@ def build_session(
         settings |= {
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.host": "127.0.0.1",
-            "spark.driver.extraJavaOptions": FAST_JVM,
         }
+    if fast_start:
+        settings["spark.driver.extraJavaOptions"] = FAST_JVM
     settings |= dict(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, str(value))
