@@ -37,7 +37,9 @@ BEACON = "beacon/{region}/{country}/{site|unknown}/{page.section}/{event}"
 LISTS = "o'k\\x/{items.0|none}/{page.section|n/a}/{{lit}}{event}"
 # Keys that the path syntaxes make hard: spaces, brackets, quotes, '*', digits.
 ODD_KEYS = "w/{a b|d}/{x[0]}/{q'\"[k]|z}/{*|s}/{ s|t}/{items.1.0|q}/{0|zero}"
-TEMPLATES = (BEACON, LISTS, ODD_KEYS)
+# Plain top-level keys only: ordinary records take the shortcut (from_json of just these).
+FLAT = "beacon/{region}/{country}/{site|unknown}/{event}"
+TEMPLATES = (BEACON, LISTS, ODD_KEYS, FLAT)
 
 Outcome = tuple[str | None, str | None]
 
@@ -89,6 +91,28 @@ def test_the_example_template_parses_once_and_reads_each_field_path_once() -> No
     )
     assert compiled.topic_sql == "`_topiary_mapped`.topic"
     assert compiled.reason_sql == "`_topiary_mapped`.reason"
+
+
+def test_a_template_of_plain_keys_gets_the_shortcut_and_its_own_gated_stages() -> None:
+    compiled = compile_topic(FLAT)
+    assert compiled.helper_columns == (
+        "_topiary_words",
+        "_topiary_short",
+        "_topiary_parsed",
+        "_topiary_fields",
+        "_topiary_fast",
+        "_topiary_levels",
+        "_topiary_mapped",
+    )
+    words = compiled.stages[0][1]
+    assert "'ARRAY<STRUCT<`region`: STRING, `country`: STRING, `site`: STRING, " in words
+    for _name, sql in compiled.stages[2:]:
+        assert sql.startswith("IF(`_topiary_short` IS NULL, ")
+    assert compiled.topic_sql == "coalesce(`_topiary_short`, `_topiary_mapped`.topic)"
+    assert compiled.reason_sql.startswith("IF(`_topiary_short` IS NULL, `_topiary_mapped`.reason")
+    assert compile_topic(FLAT, shortcut=False).helper_columns[0] == PARSED_COLUMN
+    for other in (BEACON, LISTS, ODD_KEYS, "fixed/topic"):
+        assert "_topiary_short" not in compile_topic(other).helper_columns
 
 
 def test_the_parse_stage_does_not_depend_on_the_template() -> None:
@@ -340,6 +364,17 @@ HAND_WRITTEN: list[bytes | None] = [
     beacon(event="null"),
     beacon(event="{x"),
     beacon(event="true"),
+    # words the shortcut must leave alone, or may take as they are
+    beacon(event="1e5"),
+    beacon(event="12E3x"),
+    beacon(event="-5"),
+    beacon(event="-"),
+    beacon(event="_x-y_"),
+    beacon(event="INF"),
+    beacon(event="007"),
+    beacon(event="123456789012345678901234567890123456789012345"),
+    b'{"Region":"EU","region":"eu","country":"de","event":"x"}',
+    b'{"region":"eu","country":"de","event":"x","site":"s","more":{"site":"no"}}',
     json.dumps(
         {"region": "é", "country": "\U0001f600", "page": {"section": "ü"}, "event": "x"},
         ensure_ascii=False,
@@ -449,9 +484,9 @@ def test_spark_maps_the_hand_written_records_like_the_plain_bridge(spark: Any) -
                 _assert_same(value, template, got)
     for i, text in enumerate(literals):
         assert rows[0][f"lit{i}"] == text
-    # all three templates shared the one parse
+    # three templates shared the one parse; FLAT has its shortcut and its own gated parse
     plan = df._jdf.queryExecution().optimizedPlan().toString()
-    assert plan.count("from_json(") == 1
+    assert plan.count("from_json(") == 3
 
 
 def test_select_adds_topic_and_reason_and_a_17_digit_float_may_differ_in_its_last_digit(

@@ -28,10 +28,20 @@ and each stage keeps its generated code to itself (see :func:`_detached`). In SQ
 5. **mapped**: ``concat`` of literal parts and levels, the first failing placeholder's
    reason in template order, then ``topic_too_long`` (``octet_length`` over 250), as
    TopicTemplate.topic raises them; ``topic_sql`` and ``reason_sql`` read it.
+
+**The shortcut.** Most records are ordinary: every field a short word of letters, digits,
+``_`` and ``-``. For templates whose fields are plain top-level keys, two stages come first:
+``from_json`` with a schema of just those fields as STRING (Jackson reads the record once and
+skips the rest: ~6 times cheaper than the VARIANT parse and the stages after it), then the
+topic when every value is such a word. Only the other records run stages 1-5 (each stage is
+``IF(shortcut IS NULL, .., NULL)``). A word can be read only one way: a JSON number that
+Spark renders differently from Python has a ``.``, an ``E`` or a sign, and ``NaN`` and
+``Infinity`` are left to the full rules. Duplicate keys take the last value, like Python.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -146,23 +156,121 @@ def compile_topic(
     value_column: str = "value",
     parsed_column: str = PARSED_COLUMN,
     prefix: str = HELPER_PREFIX,
+    shortcut: bool = True,
 ) -> CompiledTopic:
     """Compile ``template`` (checked by TopicTemplate: TemplateError) into Spark SQL.
 
     Helper columns are ``parsed_column`` and ``{prefix}_fields``, ``_fast``, ``_levels``
     and ``_mapped``; give each template applied to one DataFrame its own prefix. Lambda
     variables are named ``__*``: keep column names of that form out of the way.
+
+    With the shortcut (when the template allows it: every field a plain top-level key)
+    ``{prefix}_words`` and ``{prefix}_short`` come first, and the parse only runs for the
+    records the shortcut leaves, so its column is the template's own ``{prefix}_parsed``.
     """
     compiled = template if isinstance(template, TopicTemplate) else TopicTemplate.compile(template)
+    short = shortcut and _shortcut_applies(compiled)
+    if short:
+        parsed_column = f"{prefix}_parsed"
     builder = _Builder(compiled, value_column, parsed_column, prefix)
+    stages = [(parsed_column, parse_sql(value_column)), *builder.stages()]
+    topic_sql, reason_sql = builder.topic_sql(), builder.reason_sql()
+    if short:
+        words, gate = f"{prefix}_words", _ident(f"{prefix}_short")
+        stages = [
+            (words, _words_sql(compiled, value_column)),
+            (f"{prefix}_short", _short_sql(compiled, _ident(words))),
+            *((name, f"IF({gate} IS NULL, {sql}, NULL)") for name, sql in stages),
+        ]
+        topic_sql = f"coalesce({gate}, {topic_sql})"
+        reason_sql = f"IF({gate} IS NULL, {reason_sql}, {_NULL_STRING})"
     return CompiledTopic(
         template=compiled,
         value_column=value_column,
         parsed_column=parsed_column,
-        stages=((parsed_column, parse_sql(value_column)), *builder.stages()),
-        topic_sql=builder.topic_sql(),
-        reason_sql=builder.reason_sql(),
+        stages=tuple(stages),
+        topic_sql=topic_sql,
+        reason_sql=reason_sql,
     )
+
+
+# --- the shortcut ----------------------------------------------------------------------------
+
+_PLAIN_KEY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A value the shortcut may take as it is: Python and Spark render it the same. No "." or
+# "E" after a digit (a float), no leading "-" or "+" (a sign), no JSON escapes, nothing
+# that needs percent-encoding, not empty (the default rule).
+_WORD: Final = "'^[A-Za-z0-9_][A-Za-z0-9_-]*$'"
+_NUMBER_LIKE: Final = "'^[0-9]+[eE]'"
+_NON_FINITE_WORDS: Final = "('NaN', 'Infinity', 'INF')"
+
+
+def _shortcut_applies(template: TopicTemplate) -> bool:
+    return bool(template.fields) and all(_PLAIN_KEY.fullmatch(f) for f in template.fields)
+
+
+def _words_sql(template: TopicTemplate, value_column: str) -> str:
+    """The template's fields as STRINGs, inside ``[...]`` like parse_sql (data after the
+    object fails or makes a second element); NULL unless UTF-8 ending in ``}``."""
+    text = f"CAST({_ident(value_column)} AS STRING)"
+    schema = ", ".join(f"{_ident(f)}: STRING" for f in template.fields)
+    return (
+        f"CASE WHEN is_valid_utf8({text}) AND endswith({text}, '}}') "
+        f"THEN from_json(concat('[', {text}, ']'), 'ARRAY<STRUCT<{schema}>>', {_JSON_OPTIONS}) "
+        "END"
+    )
+
+
+def _short_sql(template: TopicTemplate, words: str) -> str:
+    """The topic when every field is a plain word and the topic fits; else NULL.
+
+    When a non-word character separates every two placeholders (``/`` usually), one
+    regular expression over the topic checks all the words at once (~2x cheaper than one
+    per field); otherwise each field is checked on its own.
+    """
+    slots = {p.index: p for p in template._placeholders}
+    args, pattern, checks = [], ["^"], [f"size({words}) = 1"]
+    separated, previous_was_field = True, False
+    for i, piece in enumerate(template._parts):
+        placeholder = slots.get(i)
+        if placeholder is not None:
+            value = f"{words}[0].{_ident(placeholder.path)}"
+            args.append(value)
+            checks.append(_word_check(value))
+            pattern.append(_WORD_PATTERN)
+            separated = separated and not previous_was_field
+            previous_was_field = True
+        elif piece:
+            args.append(sql_string(piece))
+            pattern.append("".join(_java_regex_char(c) for c in piece))
+            if previous_was_field and not _WORD_CHARS.fullmatch(piece):
+                previous_was_field = False
+    topic = args[0] if len(args) == 1 else f"concat({', '.join(args)})"
+    if separated:
+        regex = sql_string("".join(pattern) + "$")
+        checks = [checks[0], f"{topic} RLIKE {regex}"]
+    checks.append(f"octet_length({topic}) <= {MAX_TOPIC_BYTES}")
+    return f"CASE WHEN {' AND '.join(f'({c})' for c in checks)} THEN {topic} END"
+
+
+_WORD_CHARS: Final = re.compile(r"[A-Za-z0-9_-]*")
+# One word in a Java regex: not a non-finite number's name, not digits then an exponent.
+_WORD_PATTERN: Final = (
+    r"(?!(?:NaN|Infinity|INF)(?![A-Za-z0-9_-]))(?![0-9]+[eE])[A-Za-z0-9_][A-Za-z0-9_-]*"
+)
+
+
+def _word_check(value: str) -> str:
+    return (
+        f"{value} RLIKE {_WORD} AND NOT {value} RLIKE {_NUMBER_LIKE} "
+        f"AND {value} NOT IN {_NON_FINITE_WORDS}"
+    )
+
+
+def _java_regex_char(char: str) -> str:
+    """``char`` as a literal in a Java regex (a backslash before ASCII punctuation only:
+    before a letter it would be a reserved escape)."""
+    return "\\" + char if char.isascii() and not char.isalnum() and char != "_" else char
 
 
 def parse_sql(value_column: str = "value") -> str:
