@@ -422,7 +422,11 @@ class ClientConnection:
                 )
                 return None
             if work is not None:
-                self._later.append((self._persist, (work, frame.id)))
+                pending = None if self._later else broker.persist_nowait(work)
+                if pending is None:
+                    self._later.append((self._persist, (work, frame.id)))
+                elif frame.id is not None:
+                    self._confirm_after(pending, frame.id)
             elif frame.id is not None:
                 if self._confirms:  # keep PUBACKs in order behind ones waiting for a commit
                     self._confirm_after(None, frame.id)
