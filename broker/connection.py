@@ -599,7 +599,8 @@ class ClientConnection:
                 with contextlib.suppress(StoreError):
                     await pending.wait()  # the outcome is read below
             # One commit resolves a whole batch: answer every confirm that is ready now, in
-            # one go, instead of one per scheduler round.
+            # one go (one queued write), instead of one per scheduler round.
+            replies: list[bytes] = []
             while confirms and (confirms[0][0] is None or confirms[0][0].done):
                 pending, request_id = confirms.popleft()
                 reply = encode_puback(request_id)
@@ -611,7 +612,9 @@ class ClientConnection:
                             code=ErrorCode.INTERNAL, text=f"not stored: {exc}", ref=request_id
                         )
                         reply = self.proto.send(error)
-                session.send_control(reply)
+                replies.append(reply)
+            if replies:
+                session.send_control(b"".join(replies))
 
     async def _store_filter(
         self,
