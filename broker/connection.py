@@ -422,7 +422,11 @@ class ClientConnection:
                 )
                 return None
             if work is not None:
-                self._later.append((self._persist, (work, frame.id)))
+                pending = None if self._later else broker.persist_nowait(work)
+                if pending is None:
+                    self._later.append((self._persist, (work, frame.id)))
+                elif frame.id is not None:
+                    self._confirm_after(pending, frame.id)
             elif frame.id is not None:
                 if self._confirms:  # keep PUBACKs in order behind ones waiting for a commit
                     self._confirm_after(None, frame.id)
@@ -595,7 +599,8 @@ class ClientConnection:
                 with contextlib.suppress(StoreError):
                     await pending.wait()  # the outcome is read below
             # One commit resolves a whole batch: answer every confirm that is ready now, in
-            # one go, instead of one per scheduler round.
+            # one go (one queued write), instead of one per scheduler round.
+            replies: list[bytes] = []
             while confirms and (confirms[0][0] is None or confirms[0][0].done):
                 pending, request_id = confirms.popleft()
                 reply = encode_puback(request_id)
@@ -607,7 +612,9 @@ class ClientConnection:
                             code=ErrorCode.INTERNAL, text=f"not stored: {exc}", ref=request_id
                         )
                         reply = self.proto.send(error)
-                session.send_control(reply)
+                replies.append(reply)
+            if replies:
+                session.send_control(b"".join(replies))
 
     async def _store_filter(
         self,

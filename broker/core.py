@@ -8,13 +8,12 @@ the listener loop (broker/server.py) are the trio shell around it.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import math
 import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
@@ -98,9 +97,6 @@ class Broker:
         self.durable: dict[str, Session] = {}
         self.groups: dict[str, Group] = {}
         self._creating = trio.Lock()
-        self._commits_send, self._commits_receive = trio.open_memory_channel[
-            tuple[Pending, list[tuple[Session, int]]]
-        ](math.inf)
         self.server_id = self.config.server_id or f"topiary-{os.getpid()}"
         self.table = routing.SubscriptionTable(cache_size=self.config.match_cache)
         self.counters = Counters()
@@ -191,52 +187,54 @@ class Broker:
             return self._new_durable(client_id, record.next_seq - 1, record.last_ack), False
 
     async def persist(self, work: DurableWork) -> Pending:
-        """Queue the store append for ``work``; committed (or failed) seqs are marked by
-        ``watch_commits``, which lets writers fill gaps from the store."""
+        """Queue the store append for ``work`` (waiting for room); once its outcome is known
+        its seqs are marked committed, which lets writers fill gaps from the store."""
         assert self.store is not None
         message = work.message
+        deliveries = work.deliveries
         pending = await self.store.begin_append(
             msg_id=message.msg_id,
             topic=message.topic,
             payload=message.payload,
             headers=message.headers,
-            deliveries=[(session.client_id, seq) for session, seq in work.deliveries],
+            deliveries=[(session.client_id, seq) for session, seq in deliveries],
             publisher_msg_id=work.publisher_msg_id,
+            on_done=partial(self._settled, deliveries),
         )
-        self._commits_send.send_nowait((pending, work.deliveries))
         for session, through in work.trims or ():
             await self.store.begin_trim_through(session.client_id, through)
         return pending
 
-    async def watch_commits(self) -> None:
-        """Mark each durable delivery committed, in commit order (one task per broker)."""
-        receive = self._commits_receive
-        async for pending, deliveries in receive:
-            with contextlib.suppress(StoreError):
-                await pending.wait()
-            batch = [(pending, deliveries)]
-            while True:  # everything the same commit settled, without a round each
-                try:
-                    item = receive.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                batch.append(item)
-                if not item[0].done:
-                    break
-            for pending, deliveries in batch:
-                if not pending.done:
-                    with contextlib.suppress(StoreError):
-                        await pending.wait()
-                try:
-                    pending.result()
-                except StoreError as exc:
-                    self.counters.store_errors += 1
-                    log.error("store append failed", error=str(exc))
-                for session, seq in deliveries:
-                    session.mark_committed(seq)
+    def persist_nowait(self, work: DurableWork) -> Pending | None:
+        """``persist`` without a checkpoint, for the reader's hot path: None (nothing queued)
+        when the store's queue is full, it is closed or there is a quota trim to queue too;
+        then ``persist`` does it (and raises what there is to raise)."""
+        if work.trims:
+            return None
+        assert self.store is not None
+        message = work.message
+        deliveries = work.deliveries
+        try:
+            return self.store.append_nowait(
+                message.msg_id,
+                message.topic,
+                message.payload,
+                message.headers,
+                tuple([(session.client_id, seq) for session, seq in deliveries]),
+                work.publisher_msg_id,
+                partial(self._settled, deliveries),
+            )
+        except (trio.WouldBlock, StoreError):
+            return None
 
-    def stop_watching_commits(self) -> None:
-        self._commits_send.close()
+    def _settled(self, deliveries: list[tuple[Session, int]], error: BaseException | None) -> None:
+        """An append's outcome is known (in commit order): its seqs are in the store, or
+        will never be, so a writer waiting to fill from the store may go on."""
+        if error is not None:
+            self.counters.store_errors += 1
+            log.error("store append failed", error=str(error))
+        for session, seq in deliveries:
+            session.mark_committed(seq)
 
     def sessions_info(self) -> list[dict[str, Any]]:
         """What an operator sees of each durable session (``topiary sessions``)."""

@@ -123,7 +123,6 @@ async def run_broker(
             signals = trio.CancelScope()
             if handle_signals:
                 nursery.start_soon(_shutdown_on_signal, server, signals)
-            nursery.start_soon(broker.watch_commits)
             await nursery.start(broker.peering.run)
             await nursery.start(server.serve, listeners)
             task_status.started(server)
@@ -132,7 +131,6 @@ async def run_broker(
             # serve() drains connections within shutdown_timeout; this is the backstop
             nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout + 5
             await server.stopped.wait()
-            broker.stop_watching_commits()
 
 
 async def _shutdown_on_signal(server: Server, scope: trio.CancelScope) -> None:

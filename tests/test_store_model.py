@@ -29,7 +29,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from broker.store import DB_FILENAME, SessionRecord, StoredMessage, StoreError, _SqliteBackend
+from broker.store import (
+    DB_FILENAME,
+    SessionRecord,
+    StoredMessage,
+    StoreError,
+    _Append,
+    _SqliteBackend,
+)
 
 CLIENTS = ["a", "b", "c"]
 PUBLISHER_IDS = ["p0", "p1", "p2", "p3", "p4", "p5"]
@@ -213,14 +220,14 @@ class StoreModel(RuleBasedStateMachine):
         headers = {"h": str(self.serial)} if has_headers else None
         message = StoredMessage(0, f"m{self.serial}", f"t/{self.serial}", bytes(size), headers)
         deliveries = tuple((client_id, self.seq_for(client_id, mode)) for client_id in clients)
-        work = partial(
-            _SqliteBackend.append,
-            msg_id=message.msg_id,
-            topic=message.topic,
-            payload=message.payload,
-            headers=None if headers is None else msgpack.packb(headers),
-            deliveries=deliveries,
-            publisher_msg_id=publisher_id,
+        # What the Store queues: consecutive appends of a batch are stored together.
+        work = _Append(
+            message.msg_id,
+            message.topic,
+            message.payload,
+            None if headers is None else msgpack.packb(headers),
+            deliveries,
+            publisher_id,
         )
         # The duplicate check comes first: a duplicate stores nothing and checks nothing else.
         if publisher_id is not None and publisher_id in self.published:
