@@ -489,6 +489,22 @@ def test_spark_maps_the_hand_written_records_like_the_plain_bridge(spark: Any) -
     assert plan.count("from_json(") == 3
 
 
+def test_records_the_shortcut_takes_map_like_python_where_the_full_rules_differ(
+    spark: Any,
+) -> None:
+    """Duplicate keys and an unpaired surrogate elsewhere: the VARIANT parse refuses the
+    record (docs/spark.md); from_json, and so the shortcut, reads it as Python does."""
+    values = [
+        b'{"region":"eu","region":"us","country":"de","site":"s1","event":"e"}',
+        beacon(user="\udfff"),
+    ]
+    rows, _df = spark_map(spark, values, [FLAT])
+    for value, row in zip(values, rows, strict=True):
+        assert (row["t0"], row["r0"]) == plain(FLAT, value)
+        assert row["t0"] is not None
+        assert plain(BEACON, value) != spark_map(spark, [value], [BEACON])[0][0]["t0"]
+
+
 def test_select_adds_topic_and_reason_and_a_17_digit_float_may_differ_in_its_last_digit(
     spark: Any,
 ) -> None:
