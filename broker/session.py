@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from broker.errors import ErrorCode, RemoteProtocolError
-from broker.message import Message, encode_msg
+from broker.message import Message, append_msg
 
 if TYPE_CHECKING:
     from broker.groups import Group, Member
@@ -329,7 +329,7 @@ class Session:
 
     def take_batch(self, max_bytes: int = 256 * 1024) -> tuple[bytes, int]:
         """Encode queued frames into one write of about ``max_bytes``; (bytes, MSG count)."""
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         size = 0
         messages = 0
         payload_bytes = 0
@@ -340,26 +340,25 @@ class Session:
             entry = outbox[0]
             if entry.__class__ is bytes:
                 outbox.popleft()
-                data = entry
-                control_bytes += len(data)  # type: ignore[arg-type]
+                parts.append(entry)  # type: ignore[arg-type]
+                control_bytes += len(entry)  # type: ignore[arg-type]
+                size += len(entry)  # type: ignore[arg-type]
+                continue
+            message, sub_id, seq = entry  # type: ignore[misc]
+            if durable:
+                if seq > self.sent_upto + 1 or not self.ready:
+                    break  # a gap: the writer fills it from the store first
+                outbox.popleft()
+                messages += 1
+                payload_bytes += message.size
+                if seq <= self.sent_upto:
+                    continue  # already sent by a fill
+                self.sent_upto = seq
             else:
-                message, sub_id, seq = entry  # type: ignore[misc]
-                if durable:
-                    if seq > self.sent_upto + 1 or not self.ready:
-                        break  # a gap: the writer fills it from the store first
-                    outbox.popleft()
-                    messages += 1
-                    payload_bytes += message.size
-                    if seq <= self.sent_upto:
-                        continue  # already sent by a fill
-                    self.sent_upto = seq
-                else:
-                    outbox.popleft()
-                    messages += 1
-                    payload_bytes += message.size
-                data = encode_msg(message, sub_id, seq)
-            parts.append(data)  # type: ignore[arg-type]
-            size += len(data)
+                outbox.popleft()
+                messages += 1
+                payload_bytes += message.size
+            size += append_msg(parts, message, sub_id, seq)
         self._queued_messages -= messages
         self._queued_bytes -= payload_bytes
         self._control_bytes -= control_bytes
