@@ -189,10 +189,12 @@ class Session:
                 )
             return False
         self.seq += 1
-        self._outbox.append((message, sub_id, self.seq))
+        outbox = self._outbox
+        if not outbox:  # else the writer finds this entry when it looks at the queue again
+            self._has_data.set()
+        outbox.append((message, sub_id, self.seq))
         self._queued_messages += 1
         self._queued_bytes += message.size
-        self._has_data.set()
         return True
 
     def push(self, message: Message, sub_id: int, seq: int) -> None:
