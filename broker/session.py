@@ -58,7 +58,9 @@ class SubRef:
         self.session = session
         self.filter = filter
         self.dialect = dialect
-        self.sub_ids: list[int] = []
+        # A tuple (usually of one id): the cyclic GC stops tracking a tuple of ints, where
+        # it would traverse a list for as long as the subscription lives.
+        self.sub_ids: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         return f"<SubRef {self.session.client_id} {self.filter!r} {self.dialect} {self.sub_ids}>"
@@ -127,7 +129,7 @@ class Session:
         is_new = ref is None
         if ref is None:
             ref = self.refs[key] = SubRef(self, filter, dialect)
-        ref.sub_ids.append(sub_id)
+        ref.sub_ids += (sub_id,)
         self.subs[sub_id] = ref
         return sub_id, ref, is_new
 
@@ -136,7 +138,8 @@ class Session:
         ref = self.subs.pop(sub_id, None)
         if ref is None:
             return None
-        ref.sub_ids.remove(sub_id)
+        ids = ref.sub_ids
+        ref.sub_ids = () if len(ids) == 1 else tuple(i for i in ids if i != sub_id)
         if ref.sub_ids:
             return ref, False
         del self.refs[(ref.filter, ref.dialect)]
