@@ -40,6 +40,7 @@ from broker.frames import (
     Pub,
     PubAck,
     Sub,
+    SubAck,
     Welcome,
     build_frame,
     decode_frame,
@@ -48,6 +49,7 @@ from broker.frames import (
     fast_pub,
     fast_puback,
     fast_sub,
+    fast_suback,
     unpack_body,
 )
 from broker.protocol_states import (
@@ -188,8 +190,11 @@ class Connection:
                         return fast_pub(wire)  # the hot path: OPEN -> OPEN, no state to settle
                     if frame_type is Sub:
                         return fast_sub(wire)  # pipelined by the ten thousand: OPEN -> OPEN
-                elif frame_type is PubAck and self.role is _CLIENT:
-                    return fast_puback(wire)  # a confirming publisher reads one per message
+                elif self.role is _CLIENT:
+                    if frame_type is PubAck:
+                        return fast_puback(wire)  # a confirming publisher reads one per message
+                    if frame_type is SubAck:
+                        return fast_suback(wire)  # one per SUB, pipelined by the thousand
             if frame_type is Fwd and self.state is PEER_OPEN:
                 return fast_fwd(wire)  # between brokers: PEER_OPEN -> PEER_OPEN, either end
             next_state = check_receive(self.role, self.state, frame_type)
