@@ -434,7 +434,11 @@ class ClientConnection:
                     session.send_control(encode_puback(frame.id))
         elif cls is Sub:
             assert isinstance(frame, Sub)
-            owner = self._owner(session)
+            owner = (
+                session
+                if session.member is None and self._joining is None
+                else self._owner(session)
+            )  # (most sessions are nobody's group member: no call for them)
             sub_id = broker.subscribe(owner, frame.parsed)
             reply = encode_suback(frame.id, sub_id)
             sync = frame.sync and broker.peering.active

@@ -389,15 +389,16 @@ class Broker:
                     counters.messages_out += 1
                     counters.bytes_out += message.size
                 return None
-        sessions: dict[int, tuple[Session, int]] = {}
+        # session -> the sub id its MSG names (sessions hash by identity: no tuple, no id())
+        sessions: dict[Session, int] = {}
         for ref in targets:
             session = ref.session
-            if id(session) not in sessions:
-                sessions[id(session)] = (session, ref.sub_ids[0])
+            if session not in sessions:
+                sessions[session] = ref.sub_ids[0]
         config = self.config
         size = len(payload)
         if config.overflow == "reject-publish":
-            for session, _sub_id in sessions.values():
+            for session in sessions:
                 if session.durable and session.would_overflow(
                     size, config.session_max_messages, config.session_max_bytes
                 ):
@@ -414,7 +415,7 @@ class Broker:
         delivered = 0
         durable: list[tuple[Session, int]] | None = None
         trims: list[tuple[Session, int]] | None = None
-        for session, sub_id in sessions.values():
+        for session, sub_id in sessions.items():
             delivered += session.deliver(message, sub_id)
             if session.durable:
                 if durable is None:

@@ -63,6 +63,25 @@ def encode_msg(message: Message, sub: int, seq: int) -> bytes:
     return b"".join(((size).to_bytes(4, "big"), _MAP_HEADERS[fields + 2], shared, tail))
 
 
+def append_msg(parts: list[bytes | memoryview], message: Message, sub: int, seq: int) -> int:
+    """Append the pieces of MSG(sub, seq) for ``message`` to ``parts``; their total size.
+
+    For a writer that joins a whole batch at once: the shared fields (the payload) are
+    copied once, into the batch, instead of into a MSG first and the batch then.
+    """
+    shared = message._shared
+    if shared is None:
+        shared, fields = message.shared_wire()
+    else:
+        fields = message._shared_fields
+    tail = b"".join((_SUB_KEY, _packb(sub), _SEQ_KEY, _packb(seq)))
+    size = 1 + len(shared) + len(tail)
+    parts.append(size.to_bytes(4, "big") + _MAP_HEADERS[fields + 2])
+    parts.append(shared)
+    parts.append(tail)
+    return size + 4
+
+
 _MAP_HEADERS: Final = tuple(bytes((0x80 | n,)) for n in range(16))
 
 

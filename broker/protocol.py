@@ -39,6 +39,8 @@ from broker.frames import (
     PeerWelcome,
     Pub,
     PubAck,
+    Sub,
+    SubAck,
     Welcome,
     build_frame,
     decode_frame,
@@ -46,6 +48,8 @@ from broker.frames import (
     fast_fwd,
     fast_pub,
     fast_puback,
+    fast_sub,
+    fast_suback,
     unpack_body,
 )
 from broker.protocol_states import (
@@ -74,6 +78,10 @@ __all__ = [
     "decode_frame",
     "encode_frame",
 ]
+
+
+_SERVER: Final = Role.SERVER
+_CLIENT: Final = Role.CLIENT
 
 
 class NeedData(Enum):
@@ -146,13 +154,18 @@ class Connection:
         not (a refused request such as INVALID_FILTER, with ``ref``), that frame is dropped
         and the next call goes on with the following one.
         """
-        if self.state is ERROR and self._error is not None:
-            raise self._error
-        check_readable(self.role, self.state)
+        if self.state is not OPEN:  # (OPEN, the common state, is readable for both roles)
+            if self.state is ERROR and self._error is not None:
+                raise self._error
+            check_readable(self.role, self.state)
         while True:
-            if self.state is CLOSED:
+            state = self.state
+            if state is OPEN:
+                discarding = False
+            elif state is CLOSED:
                 return ConnectionClosed()
-            discarding = self.state in DISCARDING_STATES
+            else:
+                discarding = state in DISCARDING_STATES
             try:
                 body = self._buffer.next_frame()
             except RemoteProtocolError as exc:
@@ -171,10 +184,17 @@ class Connection:
     def _receive(self, body: bytes) -> Frame:
         try:
             frame_type, wire = unpack_body(body)
-            if frame_type is Pub and self.state is OPEN and self.role is Role.SERVER:
-                return fast_pub(wire)  # the hot path: OPEN -> OPEN, no state to settle
-            if frame_type is PubAck and self.state is OPEN and self.role is Role.CLIENT:
-                return fast_puback(wire)  # a confirming publisher reads one per message
+            if self.state is OPEN:
+                if self.role is _SERVER:
+                    if frame_type is Pub:
+                        return fast_pub(wire)  # the hot path: OPEN -> OPEN, no state to settle
+                    if frame_type is Sub:
+                        return fast_sub(wire)  # pipelined by the ten thousand: OPEN -> OPEN
+                elif self.role is _CLIENT:
+                    if frame_type is PubAck:
+                        return fast_puback(wire)  # a confirming publisher reads one per message
+                    if frame_type is SubAck:
+                        return fast_suback(wire)  # one per SUB, pipelined by the thousand
             if frame_type is Fwd and self.state is PEER_OPEN:
                 return fast_fwd(wire)  # between brokers: PEER_OPEN -> PEER_OPEN, either end
             next_state = check_receive(self.role, self.state, frame_type)

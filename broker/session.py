@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from broker.errors import ErrorCode, RemoteProtocolError
-from broker.message import Message, encode_msg
+from broker.message import Message, append_msg
 
 if TYPE_CHECKING:
     from broker.groups import Group, Member
@@ -58,7 +58,9 @@ class SubRef:
         self.session = session
         self.filter = filter
         self.dialect = dialect
-        self.sub_ids: list[int] = []
+        # A tuple (usually of one id): the cyclic GC stops tracking a tuple of ints, where
+        # it would traverse a list for as long as the subscription lives.
+        self.sub_ids: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         return f"<SubRef {self.session.client_id} {self.filter!r} {self.dialect} {self.sub_ids}>"
@@ -127,7 +129,7 @@ class Session:
         is_new = ref is None
         if ref is None:
             ref = self.refs[key] = SubRef(self, filter, dialect)
-        ref.sub_ids.append(sub_id)
+        ref.sub_ids += (sub_id,)
         self.subs[sub_id] = ref
         return sub_id, ref, is_new
 
@@ -136,7 +138,8 @@ class Session:
         ref = self.subs.pop(sub_id, None)
         if ref is None:
             return None
-        ref.sub_ids.remove(sub_id)
+        ids = ref.sub_ids
+        ref.sub_ids = () if len(ids) == 1 else tuple(i for i in ids if i != sub_id)
         if ref.sub_ids:
             return ref, False
         del self.refs[(ref.filter, ref.dialect)]
@@ -189,10 +192,12 @@ class Session:
                 )
             return False
         self.seq += 1
-        self._outbox.append((message, sub_id, self.seq))
+        outbox = self._outbox
+        if not outbox:  # else the writer finds this entry when it looks at the queue again
+            self._has_data.set()
+        outbox.append((message, sub_id, self.seq))
         self._queued_messages += 1
         self._queued_bytes += message.size
-        self._has_data.set()
         return True
 
     def push(self, message: Message, sub_id: int, seq: int) -> None:
@@ -329,7 +334,7 @@ class Session:
 
     def take_batch(self, max_bytes: int = 256 * 1024) -> tuple[bytes, int]:
         """Encode queued frames into one write of about ``max_bytes``; (bytes, MSG count)."""
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         size = 0
         messages = 0
         payload_bytes = 0
@@ -340,26 +345,25 @@ class Session:
             entry = outbox[0]
             if entry.__class__ is bytes:
                 outbox.popleft()
-                data = entry
-                control_bytes += len(data)  # type: ignore[arg-type]
+                parts.append(entry)  # type: ignore[arg-type]
+                control_bytes += len(entry)  # type: ignore[arg-type]
+                size += len(entry)  # type: ignore[arg-type]
+                continue
+            message, sub_id, seq = entry  # type: ignore[misc]
+            if durable:
+                if seq > self.sent_upto + 1 or not self.ready:
+                    break  # a gap: the writer fills it from the store first
+                outbox.popleft()
+                messages += 1
+                payload_bytes += message.size
+                if seq <= self.sent_upto:
+                    continue  # already sent by a fill
+                self.sent_upto = seq
             else:
-                message, sub_id, seq = entry  # type: ignore[misc]
-                if durable:
-                    if seq > self.sent_upto + 1 or not self.ready:
-                        break  # a gap: the writer fills it from the store first
-                    outbox.popleft()
-                    messages += 1
-                    payload_bytes += message.size
-                    if seq <= self.sent_upto:
-                        continue  # already sent by a fill
-                    self.sent_upto = seq
-                else:
-                    outbox.popleft()
-                    messages += 1
-                    payload_bytes += message.size
-                data = encode_msg(message, sub_id, seq)
-            parts.append(data)  # type: ignore[arg-type]
-            size += len(data)
+                outbox.popleft()
+                messages += 1
+                payload_bytes += message.size
+            size += append_msg(parts, message, sub_id, seq)
         self._queued_messages -= messages
         self._queued_bytes -= payload_bytes
         self._control_bytes -= control_bytes

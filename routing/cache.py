@@ -8,7 +8,10 @@ O(cache size) per subscribe; instead the cached topics are also kept in a
 small trie of plain dicts, which the filter walks: a literal level follows
 one child, a wildcard fans out only where it must. When the filter starts
 with a wildcard it can reach every cached topic, and dropping the whole cache
-is cheaper than walking it.
+is cheaper than walking it. Topics join that index only when a filter is
+invalidated (or the oldest are swept one by one): subscriptions change rarely
+next to publishes, and a cold topic stream would otherwise build an index
+path for every miss only to drop it at the next sweep.
 
 When the cache holds more than ``max_entries`` topics it is swept: by
 default (``sweep_to=0``) emptied at once, which costs nothing and lets the
@@ -50,6 +53,7 @@ class MatchCache:
 
     __slots__ = (
         "_index",
+        "_unindexed",
         "clears",
         "evictions",
         "hits",
@@ -71,6 +75,9 @@ class MatchCache:
         self.sweep_to = sweep_to
         self.results: dict[str, Result] = {}
         self._index: dict[Any, Any] = {}
+        # Topics cached but not in _index yet: indexed when a filter must be invalidated
+        # (rare next to puts), so a cold topic stream does not build paths it never walks.
+        self._unindexed: list[str] = []
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -89,16 +96,12 @@ class MatchCache:
         return result
 
     def put(self, topic: str, levels: Sequence[str], result: Result) -> None:
-        if topic not in self.results:
-            node = self._index
-            for level in levels:
-                child = node.get(level)
-                if child is None:
-                    child = node[level] = {}
-                node = child
-            node[_END] = topic
-        self.results[topic] = result
-        if len(self.results) > self.max_entries:
+        """Cache ``result`` for ``topic`` (``levels`` are its levels, kept for the API)."""
+        results = self.results
+        if topic not in results:
+            self._unindexed.append(topic)
+        results[topic] = result
+        if len(results) > self.max_entries:
             self._sweep()
 
     def clear(self) -> None:
@@ -106,6 +109,20 @@ class MatchCache:
             self.clears += 1
         self.results = {}
         self._index = {}
+        self._unindexed = []
+
+    def _index_pending(self) -> None:
+        """Add the topics cached since the last invalidation to the index."""
+        index = self._index
+        for topic in self._unindexed:
+            node = index
+            for level in topic.split("/"):
+                child = node.get(level)
+                if child is None:
+                    child = node[level] = {}
+                node = child
+            node[_END] = topic
+        self._unindexed = []
 
     def invalidate(self, flt: Filter) -> None:
         """Forget every cached topic ``flt`` can match."""
@@ -114,6 +131,8 @@ class MatchCache:
         if not flt.levels or flt.levels[0].__class__ is not str:
             self.clear()
             return
+        if self._unindexed:
+            self._index_pending()
         found: list[str] = []
         _collect(self._index, flt.levels, 0, flt.rest, found)
         for topic in found:
@@ -135,7 +154,10 @@ class MatchCache:
             self.evictions += len(self.results)
             self.results = {}
             self._index = {}
+            self._unindexed = []
             return
+        if self._unindexed:
+            self._index_pending()  # _forget walks the index
         excess = len(self.results) - self.sweep_to
         for topic in list(islice(self.results, excess)):
             self._forget(topic)

@@ -23,7 +23,7 @@ from sys import intern
 from typing import Final
 
 from routing.errors import TopicError
-from routing.topics import check_common, split_topic
+from routing.topics import MAX_TOPIC_BYTES, SEPARATOR, check_common, split_topic
 
 NATIVE: Final = "native"
 MQTT: Final = "mqtt"
@@ -133,19 +133,19 @@ class Filter:
 
 def _native_level(text: str, i: int, level: str) -> Token:
     """A native level holding '*' or '>' (the caller handles a trailing '>')."""
-    where = f"at level {i + 1} ({level!r})"
     if level == "*":
         return STAR
+    if ">" not in level and level.index("*") == len(level) - 1:
+        return Prefix(intern(level[:-1]))
+    where = f"at level {i + 1} ({level!r})"  # only for the messages
     if level == ">":
         raise TopicError(f"filter {text!r}: '>' must be the last level, found {where}")
     if ">" in level:
         raise TopicError(f"filter {text!r}: '>' must be a whole level, found {where}")
-    if level.index("*") != len(level) - 1:
-        raise TopicError(
-            f"filter {text!r}: '*' must be a whole level or the last character of one, "
-            f"found {where}"
-        )
-    return Prefix(intern(level[:-1]))
+    raise TopicError(
+        f"filter {text!r}: '*' must be a whole level or the last character of one, "
+        f"found {where}"
+    )
 
 
 def _parse_native(text: str, levels: list[str]) -> tuple[tuple[Token, ...], Rest | None]:
@@ -159,7 +159,9 @@ def _parse_native(text: str, levels: list[str]) -> tuple[tuple[Token, ...], Rest
         return tuple(map(intern, levels)), None
     tokens: list[Token] = []
     for i, level in enumerate(levels):
-        if "*" in level or ">" in level:
+        if level == "*":
+            tokens.append(STAR)
+        elif "*" in level or ">" in level:
             tokens.append(_native_level(text, i, level))
         else:
             tokens.append(intern(level))
@@ -198,7 +200,17 @@ def parse_filter(text: str, dialect: str = NATIVE) -> Filter:
         parse = _parse_mqtt
     else:
         raise ValueError(f"unknown filter dialect {dialect!r}; expected 'native' or 'mqtt'")
-    levels = check_common(text, "filter")
+    if (
+        text.__class__ is str
+        and text.isascii()
+        and 0 < len(text) <= MAX_TOPIC_BYTES
+        and "\x00" not in text
+    ):  # the common shape, checked inline (a broker parses every SUB)
+        levels = text.split(SEPARATOR)
+        if "" in levels:  # ASCII within 250 bytes also means <= 125 levels
+            levels = check_common(text, "filter")  # raises, naming the empty level
+    else:
+        levels = check_common(text, "filter")
     tokens, rest = parse(text, levels)
     return Filter(text, dialect, tokens, rest)
 

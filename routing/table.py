@@ -56,16 +56,6 @@ class TableStatistics:
     cache_clears: int
 
 
-class _FilterRecord:
-    """A distinct filter and how many subscribers hold it."""
-
-    __slots__ = ("filter", "holders")
-
-    def __init__(self, flt: Filter) -> None:
-        self.filter = flt
-        self.holders = 0
-
-
 class SubscriptionTable:
     """Wildcard subscriptions, matched by walking a trie of levels.
 
@@ -76,7 +66,11 @@ class SubscriptionTable:
     def __init__(self, *, cache_size: int = DEFAULT_MAX_ENTRIES) -> None:
         self._trie = MatchTrie()
         self._cache: MatchCache | None = MatchCache(cache_size) if cache_size > 0 else None
-        self._records: dict[tuple[str, str], _FilterRecord] = {}
+        # (text, dialect) -> the distinct Filter, and how many subscribers hold it: two
+        # dicts rather than a record object per filter, which the cyclic GC would have to
+        # track and traverse (a broker holds one per distinct filter, 50,000+)
+        self._records: dict[tuple[str, str], Filter] = {}
+        self._holders: dict[tuple[str, str], int] = {}
         # pygtrie: literal head of a filter -> its group (dict used as an ordered set); the
         # plain dict finds an existing group without a pygtrie walk.
         self._by_path: pygtrie.Trie = pygtrie.Trie()
@@ -100,21 +94,25 @@ class SubscriptionTable:
         dialect = rest[0] if rest else NATIVE
         record = self._records.get((text, dialect))
         held = self._by_subscriber.get(subscriber)
-        return record is not None and _holds(held, record.filter)
+        return record is not None and _holds(held, record)
 
     def add(self, filter: str | Filter, subscriber: Hashable, dialect: str = NATIVE) -> bool:
         """Subscribe; True if the (filter, subscriber) pair is new.
 
         An invalid filter raises TopicError and changes nothing.
         """
-        text, dialect = _text_and_dialect(filter, dialect)
-        record = self._records.get((text, dialect))
-        if record is None:
-            flt = filter if isinstance(filter, Filter) else parse_filter(text, dialect)
-            held = self._by_subscriber.get(subscriber)
+        # A broker adds a parsed Filter per SUB, tens of thousands pipelined: its path is
+        # inlined (no helper calls), the string forms take the general one.
+        if isinstance(filter, Filter):
+            key = (filter.text, filter.dialect)
         else:
-            flt = record.filter
-            held = self._by_subscriber.get(subscriber)
+            key = _text_and_dialect(filter, dialect)
+        record = self._records.get(key)
+        held = self._by_subscriber.get(subscriber)
+        if record is None:
+            flt = filter if isinstance(filter, Filter) else parse_filter(*key)
+        else:
+            flt = record
             if _holds(held, flt):
                 return False
         if held is None:
@@ -124,12 +122,17 @@ class SubscriptionTable:
         else:
             self._by_subscriber[subscriber] = {held, flt}  # type: ignore[arg-type]
         if record is None:
-            record = self._records[(text, dialect)] = _FilterRecord(flt)
+            self._records[key] = flt
+            self._holders[key] = 1
             self._index_filter(flt)
-        record.holders += 1
+        else:
+            self._holders[key] += 1
         self._trie.insert(flt, subscriber)
         self._entries += 1
-        self._changed(flt)
+        self.generation += 1
+        cache = self._cache
+        if cache is not None and cache.results:
+            cache.invalidate(flt)
         return True
 
     def remove(self, filter: str | Filter, subscriber: Hashable, dialect: str = NATIVE) -> bool:
@@ -140,7 +143,7 @@ class SubscriptionTable:
             if not isinstance(filter, Filter):
                 parse_filter(text, dialect)  # a bad filter is an error, not "absent"
             return False
-        flt = record.filter
+        flt = record
         held = self._by_subscriber.get(subscriber)
         if not _holds(held, flt):
             return False
@@ -150,9 +153,13 @@ class SubscriptionTable:
             held.discard(flt)  # type: ignore[union-attr]
             if not held:
                 del self._by_subscriber[subscriber]
-        record.holders -= 1
-        if not record.holders:
-            del self._records[(text, dialect)]
+        key = (text, dialect)
+        holders = self._holders[key] - 1
+        if holders:
+            self._holders[key] = holders
+        else:
+            del self._records[key]
+            del self._holders[key]
             self._unindex_filter(flt)
         deleted = self._trie.delete(flt, subscriber)
         assert deleted, "trie and entry index disagree"
@@ -205,7 +212,7 @@ class SubscriptionTable:
 
     def filters(self) -> Iterator[Filter]:
         """Every distinct filter held by at least one subscriber."""
-        return (record.filter for record in list(self._records.values()))
+        return iter(list(self._records.values()))
 
     def filters_under(self, prefix: str) -> list[Filter]:
         """Distinct filters whose leading literal levels are ``prefix``'s levels.
@@ -264,8 +271,12 @@ class SubscriptionTable:
             self._cache.invalidate(flt)
 
     def _index_filter(self, flt: Filter) -> None:
-        key = _literal_head(flt)
-        group = self._groups.get(key)
+        key = head = flt.levels[:INDEX_DEPTH]  # _literal_head, inlined: once per new filter
+        for i, token in enumerate(head):
+            if token.__class__ is not str:
+                key = head[:i]
+                break
+        group = self._groups.get(key)  # type: ignore[arg-type]
         if group is None:
             # A new place in the hierarchy: the only time pygtrie is touched (4-7 us a walk).
             group = self._groups[key] = {}
@@ -299,12 +310,11 @@ def _as_set(held: Filter | set[Filter] | None) -> set[Filter] | tuple[Filter, ..
 
 def _literal_head(flt: Filter) -> tuple[str, ...]:
     """Where a filter lives: its leading literal levels, at most INDEX_DEPTH of them."""
-    head: list[str] = []
-    for token in flt.levels[:INDEX_DEPTH]:
+    head = flt.levels[:INDEX_DEPTH]
+    for i, token in enumerate(head):
         if token.__class__ is not str:
-            break
-        head.append(token)  # type: ignore[arg-type]
-    return tuple(head)
+            return head[:i]  # type: ignore[return-value]
+    return head  # type: ignore[return-value]
 
 
 def _text_and_dialect(filter: str | Filter, dialect: str) -> tuple[str, str]:

@@ -81,8 +81,24 @@ def _split_topic_checked(topic: object) -> list[str]:
 
 
 def validate_topic(topic: str) -> None:
-    """Raise TopicError unless ``topic`` is a valid topic name."""
-    split_topic(topic)
+    """Raise TopicError unless ``topic`` is a valid topic name.
+
+    The broker validates every PUB; the common shape is checked with C-level string
+    methods and no split (no empty level means no ``//`` and no ``/`` at either end).
+    """
+    if (
+        topic.__class__ is str
+        and topic.isascii()
+        and 0 < len(topic) <= MAX_TOPIC_BYTES
+        and "\x00" not in topic
+        and "*" not in topic
+        and ">" not in topic
+        and "//" not in topic
+        and topic[0] != SEPARATOR
+        and topic[-1] != SEPARATOR
+    ):  # ASCII within 250 bytes also means <= 125 levels
+        return
+    _split_topic_checked(topic)
 
 
 def is_system_topic(topic: str) -> bool:

@@ -89,11 +89,19 @@ class MatchTrie:
                     child = prefixes[token.prefix] = _Node()  # type: ignore[union-attr]
                     self.nodes += 1
             node = child
-        slot = _holder_slot(flt)
-        holder = getattr(node, slot)
-        if holder is None:
-            holder = {}
-            setattr(node, slot, holder)
+        rest = flt.rest  # _holder_slot, inlined: a broker inserts once per SUB
+        if rest is None:
+            holder = node.exact
+            if holder is None:
+                holder = node.exact = {}
+        elif rest.min_levels:
+            holder = node.rest_one
+            if holder is None:
+                holder = node.rest_one = {}
+        else:
+            holder = node.rest_any
+            if holder is None:
+                holder = node.rest_any = {}
         holder[subscriber] = holder.get(subscriber, 0) + 1
 
     def delete(self, flt: Filter, subscriber: Hashable) -> bool:
