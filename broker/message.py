@@ -53,14 +53,9 @@ class Message:
 
 def encode_msg(message: Message, sub: int, seq: int) -> bytes:
     """The wire bytes (length prefix included) of MSG(sub, seq) for ``message``."""
-    shared = message._shared
-    if shared is None:
-        shared, fields = message.shared_wire()
-    else:
-        fields = message._shared_fields
-    tail = b"".join((_SUB_KEY, _packb(sub), _SEQ_KEY, _packb(seq)))
-    size = 1 + len(shared) + len(tail)
-    return b"".join(((size).to_bytes(4, "big"), _MAP_HEADERS[fields + 2], shared, tail))
+    parts: list[bytes | memoryview] = []
+    append_msg(parts, message, sub, seq)
+    return b"".join(parts)
 
 
 def append_msg(parts: list[bytes | memoryview], message: Message, sub: int, seq: int) -> int:
