@@ -36,6 +36,7 @@ the few settings the bridge's delivery guarantee depends on (see ``_OWNED_KAFKA_
     trigger = 1.0                  # seconds between micro-batches (0: back to back)
     max_offsets_per_trigger = 200000
     filter = "table"               # table | regex: how unwanted rows are dropped
+    class_cache = "~/.cache/topiary/spark"  # the driver JVM's class archive ("": none)
     [spark.conf]                   # passed through to SparkSession.builder.config
     "spark.executor.memory" = "2g"
 """
@@ -94,6 +95,9 @@ class SparkSettings:
     trigger: float = 1.0
     max_offsets_per_trigger: int = 200_000
     filter: str = "table"
+    #: The driver JVM's class cache directory (bridges/spark/classcache.py); None: the
+    #: default place, "": none.
+    class_cache: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
 
 
@@ -175,6 +179,7 @@ _TABLES: dict[str, dict[str, tuple[type, ...]]] = {
         "trigger": (int, float),
         "max_offsets_per_trigger": (int,),
         "filter": (str,),
+        "class_cache": (str,),
         "conf": (dict,),
     },
 }

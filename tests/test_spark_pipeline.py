@@ -133,6 +133,7 @@ async def test_killing_the_spark_driver_mid_stream_delivers_everything_exactly_o
         document = spark_config(
             tansu, server_text(server), topic_name, tmp_path, max_offsets_per_trigger=1000,
             conf={"spark.sql.shuffle.partitions": "1", "spark.driver.extraJavaOptions": FAST_JVM},
+            class_cache="",  # test_bench_spark_bridge.py has a driver write one
         )  # fmt: skip
         config = write_config(tmp_path / "bridge.toml", document)
         async with connect(server_text(server), client_id="keeper", durable=True) as client:

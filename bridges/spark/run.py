@@ -19,14 +19,28 @@ def run_spark_bridge(config: BridgeConfig, *, available_now: bool = False) -> in
     """Returns the exit status: 0 after a clean stop, 1 when the query failed."""
     if config.spark.checkpoint is None:
         raise ConfigError("[spark] checkpoint is required for the Spark bridge")
+    from bridges.spark.classcache import class_cache
     from bridges.spark.pipeline import start_query
     from bridges.spark.routes import RouteFeed
-    from bridges.spark.session import build_session
+    from bridges.spark.session import build_session, stop_session
 
     master = config.spark.master
-    spark = build_session(master, conf=config.spark.conf, local=master.startswith("local"))
+    # The route feed connects while the JVM starts.
     feed = RouteFeed(config.server, observer_id=config.observer_id, secret=config.peer_secret)
     feed.start()
+    cache = None
+    try:
+        cache = class_cache(
+            config.spark.class_cache, config.spark.conf.get("spark.driver.extraClassPath", "")
+        )
+        spark = build_session(
+            master, conf=config.spark.conf, local=master.startswith("local"), class_cache=cache
+        )
+    except BaseException:
+        feed.stop()
+        if cache is not None:
+            cache.finish(None)  # no JVM ran: let go of the lock
+        raise
     stopping = threading.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in signals}
@@ -54,4 +68,4 @@ def run_spark_bridge(config: BridgeConfig, *, available_now: bool = False) -> in
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         feed.stop()
-        spark.stop()
+        stop_session(spark, cache)

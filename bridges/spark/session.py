@@ -9,9 +9,12 @@ Spark's own sockets on 127.0.0.1.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from typing import Any
+
+from bridges.spark.classcache import ClassCache
 
 #: Faster JVM start on small machines: the C1 compiler only, the serial collector. For tests
 #: and short jobs only: without C2 the compiled topic mapping runs 2.5-3.5x slower in a long
@@ -50,11 +53,14 @@ def build_session(
     conf: Mapping[str, Any] | None = None,
     local: bool = True,
     fast_start: bool = False,
+    class_cache: ClassCache | None = None,
 ) -> Any:
     """Get or create the SparkSession; ``conf`` is passed through (it wins).
 
     ``fast_start`` gives the driver JVM FAST_JVM: seconds less to start, much slower once
-    running, so only tests ask for it.
+    running, so only tests ask for it. ``class_cache`` adds its JVM options to
+    ``spark.driver.extraJavaOptions`` (after conf's own); stop with :func:`stop_session` so
+    the archive a first run writes is put in place.
     """
     check_spark()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -78,8 +84,51 @@ def build_session(
     if fast_start:
         settings["spark.driver.extraJavaOptions"] = FAST_JVM
     settings |= dict(conf or {})
+    if class_cache is not None:
+        java = " ".join(
+            part
+            for part in (
+                str(settings.get("spark.driver.extraJavaOptions", "")),
+                class_cache.prepare(),
+            )
+            if part
+        )
+        if java:
+            settings["spark.driver.extraJavaOptions"] = java
     for key, value in settings.items():
         builder = builder.config(key, str(value))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+#: How long stop_session waits for the driver JVM to exit (writing the class cache included).
+JVM_EXIT_TIMEOUT = 120.0
+
+
+def stop_session(spark: Any, class_cache: ClassCache | None = None) -> int | None:
+    """Stop the session and its driver JVM, and return the JVM's exit status.
+
+    Without this the JVM exits only after Python does (it watches its stdin), too late to
+    put a newly written class cache in place. None: no local JVM, or it had to be killed.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    spark.stop()
+    status: int | None = None
+    if proc is not None:
+        gateway.shutdown()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+        if proc.stdin is not None:
+            proc.stdin.close()  # the JVM's cue to exit
+        try:
+            status = proc.wait(JVM_EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if class_cache is not None:
+        class_cache.finish(status)
+    return status
