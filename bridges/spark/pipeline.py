@@ -17,6 +17,7 @@ distinct topic of each Arrow batch); bench/spark_bridge.py measures both.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bridges.config import BridgeConfig
@@ -116,8 +117,11 @@ def start_query(
     from bridges.spark.sink import TopiarySink
     from bridges.spark.source import kafka_stream
 
-    spark.dataSource.register(TopiarySink)
-    rows = mapped(kafka_stream(spark, source_options(config)), config)
+    # Both steps are mostly a cold JVM on one thread each; side by side they use two cores.
+    with ThreadPoolExecutor(1, thread_name_prefix="topiary-register") as pool:
+        registered = pool.submit(spark.dataSource.register, TopiarySink)
+        rows = mapped(kafka_stream(spark, source_options(config)), config)
+        registered.result()
     writer = rows.writeStream.foreachBatch(BatchWriter(config, feed)).queryName(QUERY_NAME)
     writer = writer.option("checkpointLocation", checkpoint)
     if available_now:
