@@ -24,6 +24,11 @@ route table has 1,000 filters (a regex alternation of 1,000 branches that share 
 ``beacon/`` prefix and fail at the fourth level, against one SubscriptionTable lookup per
 distinct topic).
 
+The driver JVM starts with the bridge's class cache (``[spark] class_cache``,
+bridges/spark/classcache.py) as ``topiary bridge spark`` does: the first Spark run that finds
+no archive writes one when it stops ("jvm cold" in the table), the later ones map it ("jvm
+warm"). ``--class-cache ''`` turns it off; a quick run has it off.
+
 Phase 1, throughput: N records (300,000) are produced before the pipeline starts.
 
 - time to first batch = spawning the pipeline -> the subscriber's first delivery (Python,
@@ -547,6 +552,8 @@ stats_interval = 0
         java = f"{options} -Dlog4j2.configurationFile=file:{log4j}".strip()
         conf = {"spark.driver.extraJavaOptions": java, **params["spark_conf"]}
         conf_lines = "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in conf.items())
+        cache = params["class_cache"]
+        class_cache = "" if cache is None else f"class_cache = {json.dumps(cache)}\n"
         text += f"""
 [spark]
 master = "{MASTER}"
@@ -554,7 +561,7 @@ checkpoint = "{log_dir / f"checkpoint-{slug}"}"
 trigger = {params["trigger"]!r}
 max_offsets_per_trigger = {params["max_offsets"]}
 filter = "{spec.mode}"
-
+{class_cache}
 [spark.conf]
 {conf_lines}"""
     path.write_text(text)
@@ -961,6 +968,7 @@ def run_one(
             result["spark_progress"] = progress_summary(progress, events)
             lines = spark_log_lines(pipeline_log)
             result["spark_stopped"] = [x for x in lines if x.get("event") == "spark bridge stopped"]
+            result["class_cache"] = _class_cache_state(lines)
         elif bridge is not None:
             log = bridge_log(bridge.log_path)
             result["bridge_counters"] = log["final_counters"]
@@ -1078,14 +1086,15 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         f"{p['trigger']:g} s, max_offsets_per_trigger {p['max_offsets']:,}",
         "",
         f"{'run':<12} {'pipeline':<8} {'mode':<6} {'wanted':>6} {'filters':>7} "
-        f"{'1st batch s':>11} {'steady ev/s':>11} {'p50 ms':>7} {'p99 ms':>7} {'exact':>5}",
+        f"{'1st batch s':>11} {'jvm':>4} {'steady ev/s':>11} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'exact':>5}",
     ]
     for name, run in report["runs"].items():
         t, lat = run.get("throughput", {}), run.get("latency", {})
         lines.append(
             f"{name:<12} {run['pipeline']:<8} {run.get('filter_mode') or '-':<6} "
             f"{run['label']:>6} {run['filters']:>7,} "
-            f"{_fmt(t.get('first_batch_seconds'), '.2f'):>11} "
+            f"{_fmt(t.get('first_batch_seconds'), '.2f'):>11} {run.get('class_cache', '-'):>4} "
             f"{_fmt(t.get('steady_events_per_second')):>11} "
             f"{_fmt(lat.get('p50_ms'), '.1f'):>7} {_fmt(lat.get('p99_ms'), '.1f'):>7} "
             f"{'yes' if not run.get('problems') else 'NO':>5}"
@@ -1181,6 +1190,16 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def _class_cache_state(lines: list[dict[str, Any]]) -> str:
+    """How the driver JVM started: "warm" (it used the class cache), "cold" (it had to write
+    it, or another process was writing it) or "off"."""
+    events = {x.get("event") for x in lines}
+    if "class cache: using" in events:
+        return "warm"
+    cold = {"class cache: the JVM writes it at exit", "class cache: another process is writing it"}
+    return "cold" if events & cold else "off"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny counts (CI smoke test)")
@@ -1201,6 +1220,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the driver JVM's options for every Spark run (default: none, as "
         "`topiary bridge spark` runs; FAST_JVM for -c1 runs and --quick); the progress "
         "log setting is added",
+    )  # fmt: skip
+    parser.add_argument(
+        "--class-cache", default=None, metavar="DIR",
+        help="[spark] class_cache for every Spark run (default: the bridge's default place, "
+        "~/.cache/topiary/spark, as `topiary bridge spark` uses it; off in a --quick run; "
+        "'' for off). The first run that finds no archive writes it when it stops",
     )  # fmt: skip
     parser.add_argument(
         "--kafka", action="append", default=[], metavar="KEY=VALUE",
@@ -1264,6 +1289,7 @@ def main(argv: list[str] | None = None) -> int:
     params["kafka"] = args.kafka
     params["spark_conf"] = {k: str(v) for k, v in args.spark_conf.items()}
     params["java_options"] = args.java_options
+    params["class_cache"] = "" if args.class_cache is None and args.quick else args.class_cache
     params["quick"] = args.quick
     sizes = [0] * PARTITIONS
     for partition, _site in stream_plan(params["events"]):

@@ -10,10 +10,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_quick(script: Path, json_path: Path) -> tuple[subprocess.CompletedProcess, dict]:
-    """``python SCRIPT --quick --json PATH``: the process and the JSON it wrote."""
+def run_quick(
+    script: Path, json_path: Path, *extra: str
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """``python SCRIPT --quick --json PATH [EXTRA...]``: the process and the JSON it wrote."""
     proc = subprocess.run(
-        [sys.executable, str(script), "--quick", "--json", str(json_path)],
+        [sys.executable, str(script), "--quick", "--json", str(json_path), *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -4,11 +4,14 @@ cannot rot.
 It starts Tansu, two brokers, the plain bridge and one Spark driver (local[2]) on 127.0.0.1
 (~25-40 s, most of it the JVM and the SparkSession starting) and checks that both
 pipelines delivered exactly the expected events in both phases and left nothing running.
+The driver gets an empty class cache directory, so it writes the archive when it stops: the
+one real JVM that does (test_spark_classcache.py covers the bookkeeping around it).
 """
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +44,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
         check_spark()
     except SparkUnavailable as exc:
         pytest.skip(f"Spark is unavailable: {exc}")
-    return run_quick(SCRIPT, tmp_path_factory.mktemp("bench") / "spark_bridge.json")
+    base = tmp_path_factory.mktemp("bench")
+    return run_quick(SCRIPT, base / "spark_bridge.json", "--class-cache", str(base / "classes"))
 
 
 def _running(pid: int) -> bool:
@@ -98,6 +102,14 @@ def test_spark_run_has_a_steady_window_and_query_progress(quick_run: tuple) -> N
     assert progress["first_batch_rows"] == 1_000 and progress["backlog_batches"] == 3
     assert progress["steady_ms_per_batch"]["addBatch"] > 0
     assert run["spark_stopped"], "the driver logged no 'spark bridge stopped'"
+
+
+def test_the_spark_driver_writes_its_class_cache_when_it_stops(quick_run: tuple) -> None:
+    _, report = quick_run
+    assert report["runs"]["table-10"]["class_cache"] == "cold"
+    archives = list(Path(report["parameters"]["class_cache"]).iterdir())
+    assert [p.suffix for p in archives] == [".jsa"], "a lock or a partial archive was left"
+    assert archives[0].stat().st_size > 10_000_000
 
 
 def test_quick_run_reports_goals_and_prints_a_table(quick_run: tuple) -> None:
