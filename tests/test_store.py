@@ -796,6 +796,56 @@ async def test_begin_append_queues_without_waiting_and_commits_in_call_order(tmp
         assert [m.seq for m in await store.pending("s", 0, 100)] == list(range(11, 51))
 
 
+async def test_a_lazy_ack_shares_the_commit_of_the_append_queued_after_it(store: Store) -> None:
+    await store.create_session("s", None)
+    for seq in range(1, 11):
+        await append(store, seq, "s")
+    before = store.statistics().batches_committed
+    ack = await store.begin_ack("s", 5)
+    await trio.sleep(0.01)  # the writer has the ack and waits for company
+    assert await append(store, 11, "s")
+    assert ack.done and ack.result() == 5
+    assert store.statistics().batches_committed == before + 1  # one commit for both
+    assert await seqs(store, "s") == list(range(6, 12))
+
+
+async def test_a_lone_lazy_ack_commits_after_the_delay(store: Store) -> None:
+    from broker.store import LAZY_COMMIT_DELAY
+
+    await store.create_session("s", None)
+    for seq in range(1, 4):
+        await append(store, seq, "s")
+    ack = await store.begin_ack_one("s", 2)
+    with trio.fail_after(LAZY_COMMIT_DELAY + 5):
+        while not ack.done:  # nobody waits for it, nothing else comes: it commits alone
+            await trio.sleep(0.005)
+    assert ack.result() is True
+    assert await seqs(store, "s") == [1, 3]
+
+
+async def test_waiting_for_a_lazy_ack_commits_it_without_the_delay(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    # The clock stands still: the lazy wait would never end; waiting for the handle ends it.
+    async with Store.open(tmp_path) as store:
+        await store.create_session("s", None)
+        await append(store, 1, "s")
+        ack = await store.begin_ack("s", 1)
+        await trio.sleep(0)
+        assert await ack.wait() == 1
+        second = await store.begin_ack("s", 1)  # hurried before the writer even took it
+        assert await second.wait() == 0
+
+
+async def test_leaving_the_store_commits_a_waiting_lazy_ack(tmp_path: Path) -> None:
+    async with Store.open(tmp_path) as store:
+        await store.create_session("s", None)
+        await append(store, 1, "s")
+        ack = await store.begin_ack("s", 1)
+    assert ack.done and ack.result() == 1
+    assert count(tmp_path, "deliveries") == 0
+
+
 async def test_a_second_store_on_the_same_directory_is_refused(tmp_path) -> None:
     from broker.store import Store, StoreError
 
