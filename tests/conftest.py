@@ -3,6 +3,7 @@ import itertools
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -73,6 +74,14 @@ def topic_name(request: pytest.FixtureRequest) -> str:
 
 
 # -- Spark ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark_class_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One driver class cache directory for the test session: the first `topiary bridge
+    spark` that stops cleanly writes the archive (the bench smoke test, in file order), and
+    drivers started after it map it (the crash test)."""
+    return tmp_path_factory.getbasetemp() / "spark-class-cache"
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,9 @@ cannot rot.
 It starts Tansu, two brokers, the plain bridge and one Spark driver (local[2]) on 127.0.0.1
 (~25-40 s, most of it the JVM and the SparkSession starting) and checks that both
 pipelines delivered exactly the expected events in both phases and left nothing running.
-The driver gets an empty class cache directory, so it writes the archive when it stops: the
-one real JVM that does (test_spark_classcache.py covers the bookkeeping around it).
+The driver gets the test session's class cache directory (conftest.spark_class_cache), empty
+when this module runs first, so it writes the archive when it stops: the one real JVM that
+does; the crash test's drivers map it (test_spark_classcache.py covers the bookkeeping).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ RUNS = {"plain-10": ("plain", None), "table-10": ("spark", "table")}
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
+def quick_run(
+    tmp_path_factory: pytest.TempPathFactory, spark_class_cache: Path
+) -> tuple[subprocess.CompletedProcess, dict]:
     try:
         tansu_binary()
     except TansuUnavailable as exc:
@@ -44,8 +47,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
         check_spark()
     except SparkUnavailable as exc:
         pytest.skip(f"Spark is unavailable: {exc}")
-    base = tmp_path_factory.mktemp("bench")
-    return run_quick(SCRIPT, base / "spark_bridge.json", "--class-cache", str(base / "classes"))
+    json_path = tmp_path_factory.mktemp("bench") / "spark_bridge.json"
+    return run_quick(SCRIPT, json_path, "--class-cache", str(spark_class_cache))
 
 
 def _running(pid: int) -> bool:
@@ -104,9 +107,11 @@ def test_spark_run_has_a_steady_window_and_query_progress(quick_run: tuple) -> N
     assert run["spark_stopped"], "the driver logged no 'spark bridge stopped'"
 
 
-def test_the_spark_driver_writes_its_class_cache_when_it_stops(quick_run: tuple) -> None:
+def test_the_spark_driver_leaves_exactly_a_class_cache_archive(quick_run: tuple) -> None:
     _, report = quick_run
-    assert report["runs"]["table-10"]["class_cache"] == "cold"
+    # "cold" in file order: this driver found the session's cache empty and wrote it when
+    # it stopped; "warm" when another test's driver had written it first.
+    assert report["runs"]["table-10"]["class_cache"] in ("cold", "warm")
     archives = list(Path(report["parameters"]["class_cache"]).iterdir())
     assert [p.suffix for p in archives] == [".jsa"], "a lock or a partial archive was left"
     assert archives[0].stat().st_size > 10_000_000

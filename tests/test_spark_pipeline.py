@@ -121,7 +121,7 @@ def start_bridge(config: Path, log: Path, *extra: str) -> subprocess.Popen:
 
 
 async def test_killing_the_spark_driver_mid_stream_delivers_everything_exactly_once(
-    tansu: Tansu, topic_name: str, tmp_path: Path
+    tansu: Tansu, topic_name: str, tmp_path: Path, spark_class_cache: Path
 ) -> None:
     events = 3_000
     tansu.create_topic(topic_name, 2)
@@ -129,11 +129,14 @@ async def test_killing_the_spark_driver_mid_stream_delivers_everything_exactly_o
         lambda: produce(tansu, topic_name, json_values(beacon(i) for i in range(events)))
     )
     log = tmp_path / "bridge.log"
+    # Map the archive an earlier driver of this session wrote (test_bench_spark_bridge.py);
+    # without one, no cache: writing it would add seconds at every exit.
+    warm = any(spark_class_cache.glob("*.jsa"))
     async with running_broker(data_dir=str(tmp_path / "data")) as server:
         document = spark_config(
             tansu, server_text(server), topic_name, tmp_path, max_offsets_per_trigger=1000,
             conf={"spark.sql.shuffle.partitions": "1", "spark.driver.extraJavaOptions": FAST_JVM},
-            class_cache="",  # test_bench_spark_bridge.py has a driver write one
+            class_cache=str(spark_class_cache) if warm else "",
         )  # fmt: skip
         config = write_config(tmp_path / "bridge.toml", document)
         async with connect(server_text(server), client_id="keeper", durable=True) as client:
@@ -174,3 +177,5 @@ async def test_killing_the_spark_driver_mid_stream_delivers_everything_exactly_o
     assert len(ids) == len(set(ids)) == events, "a duplicate reached the durable session"
     # The restart resumed from the checkpoint: at most the batch in flight came again.
     assert stats["duplicates_dropped"] < events // 2
+    if warm:  # both drivers started from the archive
+        assert log.read_text().count("class cache: using") == 2, log.read_text()[-3000:]
