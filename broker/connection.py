@@ -355,20 +355,19 @@ class ClientConnection:
     async def _reader(self, session: Session) -> RemoteProtocolError | None:
         """Handle frames until EOF (None) or an error that closes the connection."""
         proto = self.proto
+        handle = self._handle
         while True:
-            while True:
-                try:
-                    event = proto.next_event()
-                except RemoteProtocolError as exc:
-                    if exc.closes_connection:
-                        return exc
-                    self._refuse_request(session, exc)
-                    continue
+            for event in proto.next_events():  # every frame of the last read, then NEED_DATA
                 if event is NEED_DATA:
                     break
+                if isinstance(event, RemoteProtocolError):
+                    if event.closes_connection:
+                        return event
+                    self._refuse_request(session, event)
+                    continue
                 if isinstance(event, ConnectionClosed):
                     return None
-                problem = self._handle(session, event)  # type: ignore[arg-type]
+                problem = handle(session, event)  # type: ignore[arg-type]
                 if problem is not None:
                     return problem
                 if self._later:

@@ -181,6 +181,54 @@ class Connection:
                 continue
             return self._receive(body)
 
+    def next_events(self) -> list[Event | RemoteProtocolError]:
+        """Every event ``next_event`` would return now, in order, ending with the NEED_DATA
+        or ``ConnectionClosed()`` after them; an error it would raise is put in the list in
+        its place instead (after a refused request the following frames come next; an error
+        that closes the connection ends the list).
+
+        One call per read instead of one per frame: a client may pipeline thousands of SUBs
+        in one read. LocalProtocolError (our own misuse) is raised as by ``next_event``.
+        """
+        events: list[Event | RemoteProtocolError] = []
+        append = events.append
+        buffer = self._buffer
+        next_frame = buffer.next_frame
+        receive = self._receive
+        while True:
+            if self.state is OPEN:  # the common state: next_event's loop, inlined
+                try:
+                    body = next_frame()
+                except RemoteProtocolError as exc:
+                    self._error = exc
+                    self.state = ERROR
+                    append(exc)
+                    return events
+                if body is None:
+                    if buffer.at_eof:
+                        self.state = CLOSED
+                        append(ConnectionClosed())
+                    else:
+                        append(NEED_DATA)
+                    return events
+                try:
+                    append(receive(body))
+                except RemoteProtocolError as exc:
+                    append(exc)
+                    if exc.closes_connection:
+                        return events
+                continue
+            try:
+                event = self.next_event()
+            except RemoteProtocolError as exc:
+                append(exc)
+                if exc.closes_connection:
+                    return events
+                continue
+            append(event)
+            if event is NEED_DATA or event.__class__ is ConnectionClosed:
+                return events
+
     def _receive(self, body: bytes) -> Frame:
         try:
             frame_type, wire = unpack_body(body)

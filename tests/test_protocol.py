@@ -543,6 +543,54 @@ def test_fuzzed_input_on_open_connections_with_a_fixed_seed() -> None:
         run_fuzz(conn, chunks)
 
 
+def _events_one_by_one(conn: Connection) -> list[object]:
+    """What ``next_events`` must return: ``next_event`` until NEED_DATA or EOF, with the
+    errors it raises in their place (a closing one ends the list)."""
+    events: list[object] = []
+    while True:
+        try:
+            event = conn.next_event()
+        except RemoteProtocolError as exc:
+            events.append(exc)
+            if exc.closes_connection:
+                return events
+            continue
+        events.append(event)
+        if event is NEED_DATA or isinstance(event, ConnectionClosed):
+            return events
+
+
+def _comparable(events: list[object]) -> list[object]:
+    return [
+        (e.code, e.text, e.ref, e.closes_connection) if isinstance(e, RemoteProtocolError) else e
+        for e in events
+    ]
+
+
+def test_next_events_is_next_event_until_need_data() -> None:
+    """The batch form returns exactly what one-by-one reading returns, errors in place."""
+    rng = random.Random(1)
+    streams = [SEED_STREAM, SEED_STREAM * 3]
+    for _ in range(300):
+        data = bytearray(rng.choice(streams))
+        for _ in range(rng.randint(0, 3)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        streams.append(bytes(data))
+    for stream in streams:
+        for opener in (open_server, open_client):
+            one, batch = opener(FUZZ_MAX_FRAME), opener(FUZZ_MAX_FRAME)
+            cuts = sorted(rng.sample(range(1, len(stream)), 3))
+            chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+            for chunk in [*chunks, b""]:
+                one.receive_data(chunk)
+                batch.receive_data(chunk)
+                expected = _comparable(_events_one_by_one(one))
+                assert _comparable(batch.next_events()) == expected
+                assert (batch.state, batch.buffered) == (one.state, one.buffered)
+                if one.state is State.ERROR or one.state is State.CLOSED:
+                    break
+
+
 def test_encode_frame_is_the_body_without_prefix() -> None:
     body = encode_frame(Ping(id=1))
     assert framed(Ping(id=1)) == len(body).to_bytes(4, "big") + body
