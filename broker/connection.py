@@ -357,7 +357,12 @@ class ClientConnection:
         proto = self.proto
         handle = self._handle
         while True:
-            for event in proto.next_events():  # every frame of the last read, then NEED_DATA
+            events = proto.next_events()  # every frame of the last read, then NEED_DATA
+            count = len(events)
+            i = 0
+            while i < count:
+                event = events[i]
+                i += 1
                 if event is NEED_DATA:
                     break
                 if isinstance(event, RemoteProtocolError):
@@ -367,6 +372,17 @@ class ClientConnection:
                     continue
                 if isinstance(event, ConnectionClosed):
                     return None
+                cls = event.__class__
+                if (
+                    cls is events[i].__class__
+                    and (cls is Sub or cls is Unsub)
+                    and self._plain(session)
+                ):  # pipelined SUBs or UNSUBs: a run in one pass
+                    if cls is Sub:
+                        i = self._subscribe_run(session, events, i - 1)
+                    else:
+                        i = self._unsubscribe_run(session, events, i - 1)
+                    continue
                 problem = handle(session, event)  # type: ignore[arg-type]
                 if problem is not None:
                     return problem
@@ -385,6 +401,53 @@ class ClientConnection:
                     session.wake()
             await session.wait_control_drained()
             proto.receive_data(await self._receive())
+
+    def _plain(self, session: Session) -> bool:
+        """Is a SUB or UNSUB here only a table change and a reply? (The client's own
+        transient session, no group, no peers to sync with: then runs of them are batched.)"""
+        return (
+            session.member is None
+            and self._joining is None
+            and session.ready
+            and not session.durable
+            and not self.broker.peering.active
+        )
+
+    def _subscribe_run(self, session: Session, events: list[Any], start: int) -> int:
+        """Handle the run of SUBs at ``events[start]`` (``_plain`` sessions only) as
+        ``_handle`` would, one after the other, with their SUBACKs in one write; returns the
+        index after the run."""
+        end = start + 1
+        while events[end].__class__ is Sub:  # (the list ends with NEED_DATA)
+            end += 1
+        frames = events[start:end]
+        sub_ids = self.broker.subscribe_many(session, [frame.parsed for frame in frames])
+        replies = map(encode_suback, [frame.id for frame in frames], sub_ids)
+        session.send_control(b"".join(replies))
+        return end
+
+    def _unsubscribe_run(self, session: Session, events: list[Any], start: int) -> int:
+        """``_subscribe_run`` for a run of UNSUBs: UNSUBACKs, and ERRORs for unknown
+        subscriptions, in order in one write."""
+        end = start + 1
+        while events[end].__class__ is Unsub:
+            end += 1
+        frames = events[start:end]
+        dropped = self.broker.unsubscribe_many(session, [frame.sub for frame in frames])
+        parts = []
+        for frame, ok in zip(frames, dropped, strict=True):
+            if ok:
+                parts.append(encode_unsuback(frame.id))
+            else:
+                exc = RemoteProtocolError(
+                    ErrorCode.UNKNOWN_SUBSCRIPTION,
+                    f"no subscription {frame.sub} on this session",
+                    ref=frame.id,
+                )
+                self._count_error(exc.code)
+                parts.append(self.proto.send(Error.from_exception(exc)))
+        session.send_control(b"".join(parts))
+        return end
 
     def _owner(self, session: Session) -> Session:
         """The session a SUB or UNSUB changes: the group's for a member (joined or about

@@ -41,6 +41,8 @@ from broker.frames import (
     PubAck,
     Sub,
     SubAck,
+    Unsub,
+    UnsubAck,
     Welcome,
     build_frame,
     decode_frame,
@@ -50,6 +52,8 @@ from broker.frames import (
     fast_puback,
     fast_sub,
     fast_suback,
+    fast_unsub,
+    fast_unsuback,
     unpack_body,
 )
 from broker.protocol_states import (
@@ -238,11 +242,15 @@ class Connection:
                         return fast_pub(wire)  # the hot path: OPEN -> OPEN, no state to settle
                     if frame_type is Sub:
                         return fast_sub(wire)  # pipelined by the ten thousand: OPEN -> OPEN
+                    if frame_type is Unsub:
+                        return fast_unsub(wire)  # likewise
                 elif self.role is _CLIENT:
                     if frame_type is PubAck:
                         return fast_puback(wire)  # a confirming publisher reads one per message
                     if frame_type is SubAck:
                         return fast_suback(wire)  # one per SUB, pipelined by the thousand
+                    if frame_type is UnsubAck:
+                        return fast_unsuback(wire)  # likewise
             if frame_type is Fwd and self.state is PEER_OPEN:
                 return fast_fwd(wire)  # between brokers: PEER_OPEN -> PEER_OPEN, either end
             next_state = check_receive(self.role, self.state, frame_type)
