@@ -197,30 +197,32 @@ class Connection:
         events: list[Event | RemoteProtocolError] = []
         append = events.append
         buffer = self._buffer
-        next_frame = buffer.next_frame
         receive = self._receive
         while True:
             if self.state is OPEN:  # the common state: next_event's loop, inlined
                 try:
-                    body = next_frame()
+                    bodies = buffer.next_frames()
                 except RemoteProtocolError as exc:
                     self._error = exc
                     self.state = ERROR
                     append(exc)
                     return events
-                if body is None:
+                if not bodies:
                     if buffer.at_eof:
                         self.state = CLOSED
                         append(ConnectionClosed())
                     else:
                         append(NEED_DATA)
                     return events
-                try:
-                    append(receive(body))
-                except RemoteProtocolError as exc:
-                    append(exc)
-                    if exc.closes_connection:
-                        return events
+                for body in bodies:
+                    if self.state is not OPEN:  # a closing ERROR came: drop what follows
+                        break
+                    try:
+                        append(receive(body))
+                    except RemoteProtocolError as exc:
+                        append(exc)
+                        if exc.closes_connection:
+                            return events  # (ERROR: the frames after it are dropped)
                 continue
             try:
                 event = self.next_event()
