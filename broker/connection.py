@@ -357,13 +357,16 @@ class ClientConnection:
         proto = self.proto
         handle = self._handle
         while True:
-            events = proto.next_events()  # every frame of the last read, then NEED_DATA
+            events: list[Any] = proto.next_events()  # the frames of the last read
             count = len(events)
+            events.append(None)  # so that looking one event ahead needs no bounds check
+            need_data = False
             i = 0
             while i < count:
                 event = events[i]
                 i += 1
                 if event is NEED_DATA:
+                    need_data = True
                     break
                 if isinstance(event, RemoteProtocolError):
                     if event.closes_connection:
@@ -399,6 +402,8 @@ class ClientConnection:
                         session.member = self._joining.join(session)
                         self._joining = None
                     session.wake()
+            if not need_data:
+                continue  # next_events stopped before a frame that changes the state
             await session.wait_control_drained()
             proto.receive_data(await self._receive())
 
@@ -418,7 +423,7 @@ class ClientConnection:
         ``_handle`` would, one after the other, with their SUBACKs in one write; returns the
         index after the run."""
         end = start + 1
-        while events[end].__class__ is Sub:  # (the list ends with NEED_DATA)
+        while events[end].__class__ is Sub:  # (the list ends with None)
             end += 1
         frames = events[start:end]
         sub_ids = self.broker.subscribe_many(session, [frame.parsed for frame in frames])

@@ -137,6 +137,9 @@ class Connection:
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self._buffer = FrameBuffer(max_frame)
         self._error: RemoteProtocolError | None = None
+        # Whole bodies next_events cut but did not decode yet: the first would change the
+        # state, and the frames returned before it must be handled in the state they came in.
+        self._held: list[bytes] = []
 
     def __repr__(self) -> str:
         return f"<Connection {self.role.value} {self.state.value}>"
@@ -155,7 +158,7 @@ class Connection:
     def buffered(self) -> int:
         """Bytes received and not yet returned as frames (at most one partial frame after
         ``next_event`` returned NEED_DATA)."""
-        return self._buffer.buffered
+        return self._buffer.buffered + sum(LENGTH_PREFIX + len(body) for body in self._held)
 
     def receive_data(self, data: bytes) -> None:
         """Add bytes read from the peer; ``b""`` means EOF. Never raises for bad input:
@@ -184,7 +187,7 @@ class Connection:
             else:
                 discarding = state in DISCARDING_STATES
             try:
-                body = self._buffer.next_frame()
+                body = self._held.pop(0) if self._held else self._buffer.next_frame()
             except RemoteProtocolError as exc:
                 if not discarding:
                     self._fail(exc)
@@ -199,10 +202,13 @@ class Connection:
             return self._receive(body)
 
     def next_events(self) -> list[Event | RemoteProtocolError]:
-        """Every event ``next_event`` would return now, in order, ending with the NEED_DATA
-        or ``ConnectionClosed()`` after them; an error it would raise is put in the list in
-        its place instead (after a refused request the following frames come next; an error
-        that closes the connection ends the list).
+        """The events ``next_event`` would return now, in order, with each error it would
+        raise put in the list in its place instead (after a refused request the following
+        frames come next). The list ends with NEED_DATA or ``ConnectionClosed()``, or with an
+        error that closes the connection, or else it stops just before a frame that changes
+        the state (a closing ERROR from the peer, or a frame that is a closing error): then
+        handle the list and call again before reading, so that every frame is handled in the
+        state it was received in (replies to it may be sent).
 
         One call per read instead of one per frame: a client may pipeline thousands of SUBs
         in one read. LocalProtocolError (our own misuse) is raised as by ``next_event``.
@@ -215,7 +221,10 @@ class Connection:
         while True:
             if self.state is OPEN:  # the common state: next_event's loop, inlined
                 try:
-                    bodies = buffer.next_frames()
+                    if self._held:
+                        bodies, self._held = self._held, []
+                    else:
+                        bodies = buffer.next_frames()
                 except RemoteProtocolError as exc:
                     self._error = exc
                     self.state = ERROR
@@ -228,7 +237,7 @@ class Connection:
                     else:
                         append(NEED_DATA)
                     return events
-                for body in bodies:
+                for i, body in enumerate(bodies):
                     if self.state is not OPEN:  # a closing ERROR came: drop what follows
                         break
                     build = None
@@ -242,13 +251,25 @@ class Connection:
                             if wire_type.__class__ is str:
                                 build = fast.get(wire_type)
                     try:
-                        append(receive(body) if build is None else build(wire))
+                        event = receive(body) if build is None else build(wire)
                     except RemoteProtocolError as exc:
-                        append(exc)
                         if exc.closes_connection:
+                            if events:  # first let the caller handle the frames before it
+                                self.state = OPEN
+                                self._error = None
+                                self._held = bodies[i:]
+                                return events
                             self._error = exc
                             self.state = ERROR
+                            append(exc)
                             return events  # (the frames after it are dropped)
+                        append(exc)
+                        continue
+                    if self.state is not OPEN and events:  # a closing ERROR frame: likewise
+                        self.state = OPEN
+                        self._held = bodies[i:]
+                        return events
+                    append(event)
                 continue
             try:
                 event = self.next_event()

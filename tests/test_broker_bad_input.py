@@ -201,6 +201,43 @@ async def test_pipelined_subs_and_unsubs_are_answered_in_order(address: Address)
     await assert_healthy(address)
 
 
+async def test_requests_before_a_bad_frame_in_the_same_read_are_answered(
+    address: Address,
+) -> None:
+    """The broker decodes a whole read at once; what came before a frame that breaks the
+    stream (or a client's closing ERROR) is still handled and answered first."""
+    raw = await RawClient.open(address)
+    await raw.send(
+        frame({"type": "PING", "id": 1})
+        + frame({"type": "SUB", "id": 2, "filter": "a/>"})
+        + frame({"type": "SUB", "id": 3, "filter": "b/>"})
+        + frame({"type": "STATS", "id": 4})
+        + b"\x00\x00\x00\x02\xc1\xc1"  # never valid msgpack
+        + frame({"type": "PING", "id": 5})
+    )
+    with trio.fail_after(5):
+        replies = [await raw.read_frame() for _ in range(4)]
+    assert [(r["type"], r["id"]) for r in replies] == [
+        ("PONG", 1),
+        ("SUBACK", 2),
+        ("SUBACK", 3),
+        ("STATS_REPLY", 4),
+    ]
+    await expect_error(raw, "BAD_FRAME", closes=True)
+    polite = await RawClient.open(address)
+    await polite.send(
+        frame({"type": "PING", "id": 1})
+        + frame({"type": "ERROR", "code": "INTERNAL", "text": "bye"})
+        + frame({"type": "PING", "id": 2})
+    )
+    with trio.fail_after(5):
+        assert await polite.read_frame() == {"type": "PONG", "id": 1}
+    with trio.move_on_after(0.3):  # nothing after the ERROR is answered
+        assert (await polite.read_frame())["type"] == "EOF"
+    await polite.aclose()
+    await assert_healthy(address)
+
+
 async def test_ack_of_a_future_sequence_is_refused(address: Address) -> None:
     raw = await RawClient.open(address)
     await raw.send(frame({"type": "ACK", "seq": 5}))
