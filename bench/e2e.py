@@ -258,11 +258,18 @@ async def pipelined(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stream.send_all, data)
         while len(replies) + len(errors) < count:
-            frame = await _next_frame(stream, proto)
-            if isinstance(frame, want):
-                replies.append(frame)
-            elif isinstance(frame, Error):
-                errors.append(frame)
+            for event in proto.next_events():  # every reply of the last read, NEED_DATA
+                if event is NEED_DATA:
+                    if len(replies) + len(errors) < count:
+                        proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
+                elif isinstance(event, want):
+                    replies.append(event)  # type: ignore[arg-type]
+                elif isinstance(event, Error):
+                    errors.append(event)
+                elif isinstance(event, ConnectionClosed):
+                    raise BenchError("the broker closed the connection")
+                elif isinstance(event, BaseException):
+                    raise event
         elapsed = time.perf_counter() - started
     return elapsed, replies, errors
 

@@ -355,20 +355,38 @@ class ClientConnection:
     async def _reader(self, session: Session) -> RemoteProtocolError | None:
         """Handle frames until EOF (None) or an error that closes the connection."""
         proto = self.proto
+        handle = self._handle
         while True:
-            while True:
-                try:
-                    event = proto.next_event()
-                except RemoteProtocolError as exc:
-                    if exc.closes_connection:
-                        return exc
-                    self._refuse_request(session, exc)
-                    continue
+            events: list[Any] = proto.next_events()  # the frames of the last read
+            count = len(events)
+            events.append(None)  # so that looking one event ahead needs no bounds check
+            need_data = False
+            i = 0
+            while i < count:
+                event = events[i]
+                i += 1
                 if event is NEED_DATA:
+                    need_data = True
                     break
+                if isinstance(event, RemoteProtocolError):
+                    if event.closes_connection:
+                        return event
+                    self._refuse_request(session, event)
+                    continue
                 if isinstance(event, ConnectionClosed):
                     return None
-                problem = self._handle(session, event)  # type: ignore[arg-type]
+                cls = event.__class__
+                if (
+                    cls is events[i].__class__
+                    and (cls is Sub or cls is Unsub)
+                    and self._plain(session)
+                ):  # pipelined SUBs or UNSUBs: a run in one pass
+                    if cls is Sub:
+                        i = self._subscribe_run(session, events, i - 1)
+                    else:
+                        i = self._unsubscribe_run(session, events, i - 1)
+                    continue
+                problem = handle(session, event)  # type: ignore[arg-type]
                 if problem is not None:
                     return problem
                 if self._later:
@@ -384,8 +402,57 @@ class ClientConnection:
                         session.member = self._joining.join(session)
                         self._joining = None
                     session.wake()
+            if not need_data:
+                continue  # next_events stopped before a frame that changes the state
             await session.wait_control_drained()
             proto.receive_data(await self._receive())
+
+    def _plain(self, session: Session) -> bool:
+        """Is a SUB or UNSUB here only a table change and a reply? (The client's own
+        transient session, no group, no peers to sync with: then runs of them are batched.)"""
+        return (
+            session.member is None
+            and self._joining is None
+            and session.ready
+            and not session.durable
+            and not self.broker.peering.active
+        )
+
+    def _subscribe_run(self, session: Session, events: list[Any], start: int) -> int:
+        """Handle the run of SUBs at ``events[start]`` (``_plain`` sessions only) as
+        ``_handle`` would, one after the other, with their SUBACKs in one write; returns the
+        index after the run."""
+        end = start + 1
+        while events[end].__class__ is Sub:  # (the list ends with None)
+            end += 1
+        frames = events[start:end]
+        sub_ids = self.broker.subscribe_many(session, [frame.parsed for frame in frames])
+        replies = map(encode_suback, [frame.id for frame in frames], sub_ids)
+        session.send_control(b"".join(replies))
+        return end
+
+    def _unsubscribe_run(self, session: Session, events: list[Any], start: int) -> int:
+        """``_subscribe_run`` for a run of UNSUBs: UNSUBACKs, and ERRORs for unknown
+        subscriptions, in order in one write."""
+        end = start + 1
+        while events[end].__class__ is Unsub:
+            end += 1
+        frames = events[start:end]
+        dropped = self.broker.unsubscribe_many(session, [frame.sub for frame in frames])
+        parts = []
+        for frame, ok in zip(frames, dropped, strict=True):
+            if ok:
+                parts.append(encode_unsuback(frame.id))
+            else:
+                exc = RemoteProtocolError(
+                    ErrorCode.UNKNOWN_SUBSCRIPTION,
+                    f"no subscription {frame.sub} on this session",
+                    ref=frame.id,
+                )
+                self._count_error(exc.code)
+                parts.append(self.proto.send(Error.from_exception(exc)))
+        session.send_control(b"".join(parts))
+        return end
 
     def _owner(self, session: Session) -> Session:
         """The session a SUB or UNSUB changes: the group's for a member (joined or about

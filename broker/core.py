@@ -304,6 +304,38 @@ class Broker:
         self.counters.subscribes += 1
         return sub_id
 
+    def subscribe_many(self, session: Session, filters: list[routing.Filter]) -> list[int]:
+        """``subscribe`` for each filter in order (a client's pipelined SUBs); their ids."""
+        sub_ids, new = session.subscribe_many(filters)
+        if new:
+            self.table.add_many(new)
+            if self.peering.active:
+                for flt, _ref in new:
+                    self.peering.local_add(flt)
+        self.counters.subscribes += len(filters)
+        return sub_ids
+
+    def unsubscribe_many(self, session: Session, sub_ids: list[int]) -> list[bool]:
+        """``unsubscribe`` for each id in order (a client's pipelined UNSUBs)."""
+        found = []
+        append = found.append
+        session_unsubscribe = session.unsubscribe
+        table_remove = self.table.remove
+        peering = self.peering if self.peering.active else None
+        for sub_id in sub_ids:
+            dropped = session_unsubscribe(sub_id)
+            if dropped is None:
+                append(False)
+                continue
+            ref, remove_entry = dropped
+            if remove_entry:
+                table_remove(ref.filter, ref, ref.dialect)
+                if peering is not None:
+                    peering.local_remove(routing.parse_filter(ref.filter, ref.dialect))
+            append(True)
+        self.counters.unsubscribes += found.count(True)
+        return found
+
     def unsubscribe(self, session: Session, sub_id: int) -> bool:
         dropped = session.unsubscribe(sub_id)
         if dropped is None:

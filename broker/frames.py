@@ -1164,6 +1164,35 @@ def fast_sub(wire: dict[str, Any]) -> Sub:
     return build_frame(Sub, wire)  # type: ignore[return-value]
 
 
+def fast_unsub(wire: dict[str, Any]) -> Unsub:
+    """The Unsub in an unpacked UNSUB map (as ``fast_sub``: pipelined by the ten thousand):
+    well-formed ids are taken as they are, anything else gets the full checks and their
+    precise error."""
+    rid = wire.get("id")
+    sub = wire.get("sub")
+    if (
+        rid.__class__ is int
+        and sub.__class__ is int
+        and 0 <= rid <= U64_MAX
+        and 0 <= sub <= U64_MAX
+    ):
+        frame = _new_frame(Unsub)
+        _set(frame, "id", rid)
+        _set(frame, "sub", sub)
+        return frame
+    return build_frame(Unsub, wire)  # type: ignore[return-value]
+
+
+def fast_unsuback(wire: dict[str, Any]) -> UnsubAck:
+    """The UnsubAck in an unpacked UNSUBACK map (as ``fast_suback``)."""
+    rid = wire.get("id")
+    if rid.__class__ is int and 0 <= rid <= U64_MAX and len(wire) == 2:
+        frame = _new_frame(UnsubAck)
+        _set(frame, "id", rid)
+        return frame
+    return build_frame(UnsubAck, wire)  # type: ignore[return-value]
+
+
 def _fast_id(value: Any) -> bool:
     """The common shape of a broker id (short printable ASCII, no space), checked inline."""
     return (

@@ -20,16 +20,21 @@ is tested without sockets, and the trio shell (broker/connection.py) stays thin:
         else:
             ...  # handle the frame
 
+``next_events`` returns every event of one read in one call (errors in place, not raised),
+for readers that handle pipelined frames in batches (the broker's).
+
 The rules for which frame may go when are in broker/protocol_states.py; frames and their
 codec in broker/frames.py; the length prefix in broker/framebuffer.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, Literal, NoReturn
+from typing import Any, Final, Literal, NoReturn
+
+import msgpack
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.framebuffer import DEFAULT_MAX_FRAME, LENGTH_PREFIX, FrameBuffer
@@ -41,6 +46,8 @@ from broker.frames import (
     PubAck,
     Sub,
     SubAck,
+    Unsub,
+    UnsubAck,
     Welcome,
     build_frame,
     decode_frame,
@@ -50,6 +57,8 @@ from broker.frames import (
     fast_puback,
     fast_sub,
     fast_suback,
+    fast_unsub,
+    fast_unsuback,
     unpack_body,
 )
 from broker.protocol_states import (
@@ -82,6 +91,14 @@ __all__ = [
 
 _SERVER: Final = Role.SERVER
 _CLIENT: Final = Role.CLIENT
+# What a server in OPEN decodes without check_receive (OPEN -> OPEN, nothing to settle), by
+# wire type; ``next_events`` looks them up directly, ``_receive`` by frame class.
+_SERVER_FAST: Final[dict[str, Callable[[dict[str, Any]], Frame]]] = {
+    Pub.TYPE: fast_pub,
+    Sub.TYPE: fast_sub,
+    Unsub.TYPE: fast_unsub,
+}
+_unpackb: Final = msgpack.unpackb
 
 
 class NeedData(Enum):
@@ -120,6 +137,9 @@ class Connection:
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self._buffer = FrameBuffer(max_frame)
         self._error: RemoteProtocolError | None = None
+        # Whole bodies next_events cut but did not decode yet: the first would change the
+        # state, and the frames returned before it must be handled in the state they came in.
+        self._held: list[bytes] = []
 
     def __repr__(self) -> str:
         return f"<Connection {self.role.value} {self.state.value}>"
@@ -138,7 +158,7 @@ class Connection:
     def buffered(self) -> int:
         """Bytes received and not yet returned as frames (at most one partial frame after
         ``next_event`` returned NEED_DATA)."""
-        return self._buffer.buffered
+        return self._buffer.buffered + sum(LENGTH_PREFIX + len(body) for body in self._held)
 
     def receive_data(self, data: bytes) -> None:
         """Add bytes read from the peer; ``b""`` means EOF. Never raises for bad input:
@@ -167,7 +187,7 @@ class Connection:
             else:
                 discarding = state in DISCARDING_STATES
             try:
-                body = self._buffer.next_frame()
+                body = self._held.pop(0) if self._held else self._buffer.next_frame()
             except RemoteProtocolError as exc:
                 if not discarding:
                     self._fail(exc)
@@ -181,6 +201,87 @@ class Connection:
                 continue
             return self._receive(body)
 
+    def next_events(self) -> list[Event | RemoteProtocolError]:
+        """The events ``next_event`` would return now, in order, with each error it would
+        raise put in the list in its place instead (after a refused request the following
+        frames come next). The list ends with NEED_DATA or ``ConnectionClosed()``, or with an
+        error that closes the connection, or else it stops just before a frame that changes
+        the state (a closing ERROR from the peer, or a frame that is a closing error): then
+        handle the list and call again before reading, so that every frame is handled in the
+        state it was received in (replies to it may be sent).
+
+        One call per read instead of one per frame: a client may pipeline thousands of SUBs
+        in one read. LocalProtocolError (our own misuse) is raised as by ``next_event``.
+        """
+        events: list[Event | RemoteProtocolError] = []
+        append = events.append
+        buffer = self._buffer
+        receive = self._receive
+        fast = _SERVER_FAST if self.role is _SERVER else None
+        while True:
+            if self.state is OPEN:  # the common state: next_event's loop, inlined
+                try:
+                    if self._held:
+                        bodies, self._held = self._held, []
+                    else:
+                        bodies = buffer.next_frames()
+                except RemoteProtocolError as exc:
+                    self._error = exc
+                    self.state = ERROR
+                    append(exc)
+                    return events
+                if not bodies:
+                    if buffer.at_eof:
+                        self.state = CLOSED
+                        append(ConnectionClosed())
+                    else:
+                        append(NEED_DATA)
+                    return events
+                for i, body in enumerate(bodies):
+                    if self.state is not OPEN:  # a closing ERROR came: drop what follows
+                        break
+                    build = None
+                    if fast:  # a server's PUB, SUB, UNSUB: _receive's fast paths, inlined
+                        try:
+                            wire = _unpackb(body, raw=False, strict_map_key=True, use_list=True)
+                        except Exception:  # _receive says what is wrong
+                            wire = None
+                        if wire.__class__ is dict:
+                            wire_type = wire.get("type")  # type: ignore[union-attr]
+                            if wire_type.__class__ is str:
+                                build = fast.get(wire_type)
+                    try:
+                        event = receive(body) if build is None else build(wire)
+                    except RemoteProtocolError as exc:
+                        if exc.closes_connection:
+                            if events:  # first let the caller handle the frames before it
+                                self.state = OPEN
+                                self._error = None
+                                self._held = bodies[i:]
+                                return events
+                            self._error = exc
+                            self.state = ERROR
+                            append(exc)
+                            return events  # (the frames after it are dropped)
+                        append(exc)
+                        continue
+                    if self.state is not OPEN and events:  # a closing ERROR frame: likewise
+                        self.state = OPEN
+                        self._held = bodies[i:]
+                        return events
+                    append(event)
+                continue
+            try:
+                event = self.next_event()
+            except RemoteProtocolError as exc:
+                append(exc)
+                if exc.closes_connection:
+                    return events
+                continue
+            append(event)
+            if event is NEED_DATA or event.__class__ is ConnectionClosed:
+                return events
+
     def _receive(self, body: bytes) -> Frame:
         try:
             frame_type, wire = unpack_body(body)
@@ -190,11 +291,15 @@ class Connection:
                         return fast_pub(wire)  # the hot path: OPEN -> OPEN, no state to settle
                     if frame_type is Sub:
                         return fast_sub(wire)  # pipelined by the ten thousand: OPEN -> OPEN
+                    if frame_type is Unsub:
+                        return fast_unsub(wire)  # likewise
                 elif self.role is _CLIENT:
                     if frame_type is PubAck:
                         return fast_puback(wire)  # a confirming publisher reads one per message
                     if frame_type is SubAck:
                         return fast_suback(wire)  # one per SUB, pipelined by the thousand
+                    if frame_type is UnsubAck:
+                        return fast_unsuback(wire)  # likewise
             if frame_type is Fwd and self.state is PEER_OPEN:
                 return fast_fwd(wire)  # between brokers: PEER_OPEN -> PEER_OPEN, either end
             next_state = check_receive(self.role, self.state, frame_type)

@@ -36,6 +36,7 @@ from broker.message import Message, append_msg
 if TYPE_CHECKING:
     from broker.groups import Group, Member
     from broker.stats import Counters
+    from routing import Filter
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,27 @@ class Session:
         ref.sub_ids += (sub_id,)
         self.subs[sub_id] = ref
         return sub_id, ref, is_new
+
+    def subscribe_many(
+        self, filters: list[Filter]
+    ) -> tuple[list[int], list[tuple[Filter, SubRef]]]:
+        """``subscribe`` for each filter in order: the new ids, and (filter, ref) for each
+        ref the table needs an entry for."""
+        first = self._next_sub_id
+        self._next_sub_id = first + len(filters)
+        sub_ids = list(range(first, first + len(filters)))
+        new: list[tuple[Filter, SubRef]] = []
+        refs = self.refs
+        subs = self.subs
+        for sub_id, flt in zip(sub_ids, filters, strict=True):
+            key = (flt.text, flt.dialect)
+            ref = refs.get(key)
+            if ref is None:
+                ref = refs[key] = SubRef(self, flt.text, flt.dialect)
+                new.append((flt, ref))
+            ref.sub_ids += (sub_id,)
+            subs[sub_id] = ref
+        return sub_ids, new
 
     def unsubscribe(self, sub_id: int) -> tuple[SubRef, bool] | None:
         """The ref the id belonged to and whether its table entry must go; None if unknown."""

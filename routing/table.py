@@ -135,6 +135,46 @@ class SubscriptionTable:
             cache.invalidate(flt)
         return True
 
+    def add_many(self, entries: list[tuple[Filter, Hashable]]) -> int:
+        """``add`` for each parsed (filter, subscriber) pair in order; how many were new.
+
+        A broker adds the pipelined SUBs of one read at once: one loop, no call per entry
+        but for a new filter's index entry and the trie.
+        """
+        records = self._records
+        holders = self._holders
+        by_subscriber = self._by_subscriber
+        insert = self._trie.insert
+        index = self._index_filter
+        cache = self._cache
+        added = 0
+        for flt, subscriber in entries:
+            key = (flt.text, flt.dialect)
+            record = records.get(key)
+            held = by_subscriber.get(subscriber)
+            if record is None:
+                records[key] = flt
+                holders[key] = 1
+                index(flt)
+            else:
+                if _holds(held, record):
+                    continue
+                flt = record
+                holders[key] += 1
+            if held is None:
+                by_subscriber[subscriber] = flt
+            elif held.__class__ is set:
+                held.add(flt)  # type: ignore[union-attr]
+            else:
+                by_subscriber[subscriber] = {held, flt}  # type: ignore[arg-type]
+            insert(flt, subscriber)
+            added += 1
+            if cache is not None and cache.results:
+                cache.invalidate(flt)
+        self._entries += added
+        self.generation += added
+        return added
+
     def remove(self, filter: str | Filter, subscriber: Hashable, dialect: str = NATIVE) -> bool:
         """Unsubscribe; True if the pair was present. An invalid filter raises TopicError."""
         text, dialect = _text_and_dialect(filter, dialect)

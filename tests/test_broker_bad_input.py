@@ -142,6 +142,102 @@ async def test_unknown_subscription_is_refused(address: Address) -> None:
     await assert_healthy(address)
 
 
+async def test_pipelined_subs_and_unsubs_are_answered_in_order(address: Address) -> None:
+    """Runs of SUBs and UNSUBs in one write are handled in one pass: replies, refusals
+    and the routing they set up must be those of one frame at a time."""
+    raw = await RawClient.open(address)
+    requests = [
+        {"type": "SUB", "id": 1, "filter": "p/a"},
+        {"type": "SUB", "id": 2, "filter": "p/+", "dialect": "mqtt"},
+        {"type": "SUB", "id": 3, "filter": "p/>/x"},  # refused
+        {"type": "SUB", "id": 4, "filter": "p/a"},  # the same filter again: a second id
+        {"type": "SUB", "id": 5, "filter": "p/b*"},
+        {"type": "PING", "id": 6},
+        {"type": "SUB", "id": 7, "filter": "q/>"},
+        {"type": "SUB", "id": 8, "filter": "q/>"},
+        {"type": "UNSUB", "id": 9, "sub": 1},
+        {"type": "UNSUB", "id": 10, "sub": 1},  # gone already
+        {"type": "UNSUB", "id": 11, "sub": 4},
+        {"type": "UNSUB", "id": 12, "sub": 999},  # never existed
+        {"type": "UNSUB", "id": 13, "sub": 6},
+    ]
+    await raw.send(b"".join(frame(request) for request in requests))
+    with trio.fail_after(5):
+        replies = [await raw.read_frame() for _ in requests]
+    assert [(r["type"], r.get("id", r.get("ref")), r.get("sub")) for r in replies] == [
+        ("SUBACK", 1, 1),
+        ("SUBACK", 2, 2),
+        ("ERROR", 3, None),
+        ("SUBACK", 4, 3),
+        ("SUBACK", 5, 4),
+        ("PONG", 6, None),
+        ("SUBACK", 7, 5),
+        ("SUBACK", 8, 6),
+        ("UNSUBACK", 9, None),
+        ("ERROR", 10, None),
+        ("UNSUBACK", 11, None),
+        ("ERROR", 12, None),
+        ("UNSUBACK", 13, None),
+    ]
+    assert [r["code"] for r in replies if r["type"] == "ERROR"] == [
+        "INVALID_FILTER",
+        "UNKNOWN_SUBSCRIPTION",
+        "UNKNOWN_SUBSCRIPTION",
+    ]
+    async with connect(address) as client:
+        for topic in ("p/a", "p/bb", "q/z"):
+            await client.publish(topic, b"x", confirm=True)
+        stats = await client.stats()
+    # left: p/a (id 3), p/+ mqtt (id 2) and q/> (id 5); one MSG per message and session
+    with trio.fail_after(5):
+        got = [await raw.read_frame() for _ in range(3)]
+    assert [m["topic"] for m in got] == ["p/a", "p/bb", "q/z"]
+    assert got[0]["sub"] in (2, 3)
+    assert [m["sub"] for m in got[1:]] == [2, 5]
+    assert stats["subscribes"] == 6
+    assert stats["unsubscribes"] == 3
+    assert stats["errors"]["INVALID_FILTER"] == 1
+    assert stats["errors"]["UNKNOWN_SUBSCRIPTION"] == 2
+    await assert_healthy(address)
+
+
+async def test_requests_before_a_bad_frame_in_the_same_read_are_answered(
+    address: Address,
+) -> None:
+    """The broker decodes a whole read at once; what came before a frame that breaks the
+    stream (or a client's closing ERROR) is still handled and answered first."""
+    raw = await RawClient.open(address)
+    await raw.send(
+        frame({"type": "PING", "id": 1})
+        + frame({"type": "SUB", "id": 2, "filter": "a/>"})
+        + frame({"type": "SUB", "id": 3, "filter": "b/>"})
+        + frame({"type": "STATS", "id": 4})
+        + b"\x00\x00\x00\x02\xc1\xc1"  # never valid msgpack
+        + frame({"type": "PING", "id": 5})
+    )
+    with trio.fail_after(5):
+        replies = [await raw.read_frame() for _ in range(4)]
+    assert [(r["type"], r["id"]) for r in replies] == [
+        ("PONG", 1),
+        ("SUBACK", 2),
+        ("SUBACK", 3),
+        ("STATS_REPLY", 4),
+    ]
+    await expect_error(raw, "BAD_FRAME", closes=True)
+    polite = await RawClient.open(address)
+    await polite.send(
+        frame({"type": "PING", "id": 1})
+        + frame({"type": "ERROR", "code": "INTERNAL", "text": "bye"})
+        + frame({"type": "PING", "id": 2})
+    )
+    with trio.fail_after(5):
+        assert await polite.read_frame() == {"type": "PONG", "id": 1}
+    with trio.move_on_after(0.3):  # nothing after the ERROR is answered
+        assert (await polite.read_frame())["type"] == "EOF"
+    await polite.aclose()
+    await assert_healthy(address)
+
+
 async def test_ack_of_a_future_sequence_is_refused(address: Address) -> None:
     raw = await RawClient.open(address)
     await raw.send(frame({"type": "ACK", "seq": 5}))

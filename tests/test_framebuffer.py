@@ -177,3 +177,52 @@ def test_any_split_of_a_stream_yields_the_same_bodies(
     assert collect(buf, chunks) == bodies
     buf.feed(b"")
     assert buf.next_frame() is None
+
+
+def _drain_one_by_one(buf: FrameBuffer) -> list[bytes | str]:
+    out: list[bytes | str] = []
+    while True:
+        try:
+            body = buf.next_frame()
+        except RemoteProtocolError as exc:
+            return [*out, str(exc.code)]
+        if body is None:
+            return out
+        out.append(body)
+
+
+def _drain_in_batches(buf: FrameBuffer) -> list[bytes | str]:
+    out: list[bytes | str] = []
+    while True:
+        try:
+            bodies = buf.next_frames()
+        except RemoteProtocolError as exc:
+            return [*out, str(exc.code)]
+        if not bodies:
+            return out
+        out += bodies
+
+
+@settings(deadline=None)
+@given(
+    bodies=st.lists(st.binary(min_size=0, max_size=50), max_size=8),
+    cut=st.integers(min_value=0, max_value=3),
+    data=st.data(),
+)
+def test_next_frames_returns_what_next_frame_returns(
+    bodies: list[bytes], cut: int, data: st.DataObject
+) -> None:
+    """Whole bodies in order, then the error where one is due (empty or oversized frames,
+    a frame cut short by EOF), whatever the chunks."""
+    stream = b"".join(len(body).to_bytes(4, "big") + body for body in bodies)
+    stream = stream[: len(stream) - cut]
+    chunks = [*(data.draw(splits(stream)) if stream else []), b""]
+    one, batch = FrameBuffer(max_frame=40), FrameBuffer(max_frame=40)
+    for chunk in chunks:
+        one.feed(chunk)
+        batch.feed(chunk)
+        expected = _drain_one_by_one(one)
+        assert _drain_in_batches(batch) == expected
+        assert batch.buffered == one.buffered
+        if expected and isinstance(expected[-1], str):
+            break

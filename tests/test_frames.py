@@ -561,20 +561,31 @@ def test_any_valid_frame_round_trips_for_any_split_of_its_bytes(
     assert [decode_frame(body) for body in bodies] == [frame]
 
 
+FAST_PATHS = {
+    "PUBACK": frames_module.fast_puback,
+    "SUBACK": frames_module.fast_suback,
+    "UNSUB": frames_module.fast_unsub,
+    "UNSUBACK": frames_module.fast_unsuback,
+}
+
+
+@pytest.mark.parametrize("wire_type", FAST_PATHS)
 @given(
-    st.dictionaries(
-        st.sampled_from(["id", "type", "extra"]),
+    wire=st.dictionaries(
+        st.sampled_from(["id", "sub", "type", "extra"]),
         st.one_of(st.integers(-5, 2**65), st.text(max_size=3), st.none(), st.booleans()),
     )
 )
-def test_the_puback_fast_path_agrees_with_the_full_decoder(wire: dict[str, Any]) -> None:
-    wire = {**wire, "type": "PUBACK"}
+def test_the_fast_paths_of_id_only_frames_agree_with_the_full_decoder(
+    wire_type: str, wire: dict[str, Any]
+) -> None:
+    wire = {**wire, "type": wire_type}
     try:
-        expected: Any = frames_module.build_frame(frames_module.PubAck, wire)
+        expected: Any = frames_module.build_frame(FRAME_TYPES[wire_type], wire)
     except RemoteProtocolError as exc:
         expected = (exc.code, str(exc))
     try:
-        got: Any = frames_module.fast_puback(wire)
+        got: Any = FAST_PATHS[wire_type](wire)
     except RemoteProtocolError as exc:
         got = (exc.code, str(exc))
     assert got == expected

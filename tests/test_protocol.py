@@ -543,6 +543,109 @@ def test_fuzzed_input_on_open_connections_with_a_fixed_seed() -> None:
         run_fuzz(conn, chunks)
 
 
+# What each end reads in OPEN, so that mutations hit frames after good ones in one read
+# (a closing error or a closing ERROR after frames that must be handled first).
+OPEN_SERVER_STREAM = b"".join(
+    framed(f)
+    for f in [
+        Sub(id=1, filter="a/*/>"),
+        Pub(topic="a/b", payload=b"\x00" * 10, id=2, msg_id="m"),
+        Ping(id=1),
+        Unsub(id=3, sub=1),
+        Ack(seq=4),
+        Error(code="INVALID_ACK", text="x", ref=1),
+        Sub(id=4, filter="b"),
+        Error(code="INTERNAL", text="bye"),
+        Ping(id=5),
+    ]
+)
+OPEN_CLIENT_STREAM = b"".join(
+    framed(f)
+    for f in [
+        SubAck(id=1, sub=1),
+        Msg(sub=1, seq=2, topic="a/b", payload=b"p", msg_id="m"),
+        UnsubAck(id=2),
+        PubAck(id=3),
+        Pong(id=1),
+        Error(code="INTERNAL", text="bye"),
+        Ping(id=5),
+    ]
+)
+
+
+def _events_one_by_one(conn: Connection) -> list[object]:
+    """What ``next_events`` must return: ``next_event`` until NEED_DATA or EOF, with the
+    errors it raises in their place (a closing one ends the list)."""
+    events: list[object] = []
+    while True:
+        try:
+            event = conn.next_event()
+        except RemoteProtocolError as exc:
+            events.append(exc)
+            if exc.closes_connection:
+                return events
+            continue
+        events.append(event)
+        if event is NEED_DATA or isinstance(event, ConnectionClosed):
+            return events
+
+
+def _events_in_batches(conn: Connection) -> list[object]:
+    """``next_events`` until a list ends with NEED_DATA, EOF or a closing error; a list
+    that stops short must stop just before a frame that changes the state."""
+    events: list[object] = []
+    stopped_short = False
+    while True:
+        state = conn.state
+        batch = conn.next_events()
+        assert batch
+        if stopped_short:
+            assert conn.state is not State.OPEN
+        events += batch
+        last = batch[-1]
+        if (
+            last is NEED_DATA
+            or isinstance(last, ConnectionClosed)
+            or (isinstance(last, RemoteProtocolError) and last.closes_connection)
+        ):
+            return events
+        assert conn.state is state is State.OPEN
+        stopped_short = True
+
+
+def _comparable(events: list[object]) -> list[object]:
+    return [
+        (e.code, e.text, e.ref, e.closes_connection) if isinstance(e, RemoteProtocolError) else e
+        for e in events
+    ]
+
+
+def test_next_events_is_next_event_until_need_data() -> None:
+    """The batch form returns exactly what one-by-one reading returns, errors in place."""
+    rng = random.Random(1)
+    seeds = [SEED_STREAM, SEED_STREAM * 3, OPEN_SERVER_STREAM, OPEN_CLIENT_STREAM]
+    streams = list(seeds)
+    for _ in range(600):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(0, 3)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        streams.append(bytes(data))
+    for stream in streams:
+        for opener in (open_server, open_client):
+            one, batch = opener(FUZZ_MAX_FRAME), opener(FUZZ_MAX_FRAME)
+            cuts = sorted(rng.sample(range(1, len(stream)), 3))
+            chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+            for chunk in [*chunks, b""]:
+                one.receive_data(chunk)
+                batch.receive_data(chunk)
+                expected = _comparable(_events_one_by_one(one))
+                assert _comparable(_events_in_batches(batch)) == expected
+                assert batch.state is one.state
+                if one.state is State.ERROR or one.state is State.CLOSED:
+                    break  # (in ERROR the batch dropped the frames after the error)
+                assert batch.buffered == one.buffered
+
+
 def test_encode_frame_is_the_body_without_prefix() -> None:
     body = encode_frame(Ping(id=1))
     assert framed(Ping(id=1)) == len(body).to_bytes(4, "big") + body

@@ -13,7 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-from routing import SubscriptionTable, TopicError
+from routing import SubscriptionTable, TopicError, parse_filter
 from tests.reference import ref_matches
 
 NATIVE_LEVELS = ["a", "b", "ab", "$a", "*", "a*", "$*", ">"]
@@ -67,6 +67,21 @@ class TableModel(RuleBasedStateMachine):
         assert self.table.add(text, subscriber, dialect) == (entry not in self.model)
         self.model.add(entry)
         return entry
+
+    @rule(entries=st.lists(st.tuples(filters(), subscriber_strategy), max_size=6))
+    def add_many(self, entries: list[tuple[tuple[str, str], str]]) -> None:
+        """A batch of parsed filters (duplicates within it included), as a broker adds the
+        pipelined SUBs of one read."""
+        batch = [
+            (parse_filter(text, dialect), subscriber)
+            for (text, dialect), subscriber in entries
+            if valid(text, dialect)
+        ]
+        new = {(f.text, f.dialect, s) for f, s in batch} - self.model
+        generation = self.table.generation
+        assert self.table.add_many(batch) == len(new)
+        assert self.table.generation == generation + len(new)
+        self.model |= new
 
     @rule(entry=added)
     def remove_again(self, entry: tuple[str, str, str]) -> None:
