@@ -52,6 +52,7 @@ from broker.groups import GROUP_PREFIX
 from broker.log import get_logger
 from broker.message import Message, encode_msg
 from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
+from broker.protocol_states import CLOSED, CLOSING
 from broker.replies import encode_puback, encode_suback, encode_unsuback
 from broker.session import Session
 from broker.store import Pending, StoreError
@@ -169,6 +170,8 @@ class ClientConnection:
     async def _finish(self, session: Session, reason: RemoteProtocolError | None) -> None:
         if reason is None or self._broken:
             return  # EOF or a dead socket: nobody to tell
+        if self.proto.state in (CLOSING, CLOSED):
+            return  # the client said a closing ERROR: nothing more may be sent to it
         session.accepting = False
         if reason.code == ErrorCode.SLOW_CONSUMER:
             session.discard_messages()

@@ -314,3 +314,17 @@ async def test_client_that_never_reads_is_cut_off_without_hurting_others() -> No
         error = await expect_error(stuck, "SLOW_CONSUMER", closes=True)
         assert "dropped" in error["text"]
         await assert_healthy(address)
+
+
+async def test_shutdown_is_clean_with_a_client_that_said_error_and_stayed_connected() -> None:
+    """After a client's closing ERROR the broker may send nothing more on that connection,
+    not even its own SHUTTING_DOWN: shutting down must still close it quietly."""
+    with trio.fail_after(10):
+        async with running_broker(shutdown_timeout=2.0) as server:
+            raw = await RawClient.open(server.addresses[0])
+            await raw.send(frame({"type": "ERROR", "code": "INTERNAL", "text": "bye"}))
+            await trio.sleep(0.2)  # read and answered with silence; the socket stays open
+        # Leaving running_broker shut it down, and nothing escaped its nursery.
+    with trio.fail_after(5):
+        assert (await raw.read_frame())["type"] == "EOF"
+    await raw.aclose()
