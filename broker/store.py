@@ -1237,8 +1237,9 @@ class Store:
     async def _commit(self, batch: list[_Op]) -> None:
         """Commit ``batch`` plus everything queued behind it (up to ``max_batch``)."""
         try:
-            if batch:
-                await trio.lowlevel.checkpoint()  # let tasks that are ready enqueue too
+            # No checkpoint before the thread starts: a reader queues a whole read's appends
+            # before it yields, and a scheduling round here let the subscriber's writer
+            # encode and send that read's MSGs first (0.6-1.2 ms a commit started later).
             while len(batch) < self._max_batch:
                 try:
                     batch.append(self._receive.receive_nowait())
@@ -1252,8 +1253,8 @@ class Store:
                 return
             # Not abandoned on cancel: once started, the batch runs to its end and the
             # outcomes below are delivered before any checkpoint.
-            committed, outcomes, elapsed, size, rows = await trio.to_thread.run_sync(
-                self._run_in_thread, works, limiter=self._limiter
+            committed, outcomes, elapsed, size, rows = await self._in_thread(
+                self._run_in_thread, works
             )
         except BaseException as exc:
             for op in batch:
@@ -1269,6 +1270,32 @@ class Store:
         self._last_commit_ms = elapsed * 1000.0
         self._db_size = size
         self._rows = rows
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``trio.to_thread.run_sync(fn, *args, limiter=self._limiter)`` for the writer, but
+        the thread starts at once when the limiter is free: ``run_sync`` first takes a
+        scheduling round in ``CapacityLimiter.acquire_on_behalf_of``. Not abandoned on cancel
+        (like ``run_sync``): a cancelled writer still waits for the thread's outcome."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        limiter = self._limiter
+        try:
+            limiter.acquire_on_behalf_of_nowait(self)
+        except trio.WouldBlock:
+            await limiter.acquire_on_behalf_of(self)  # a read holds the connection
+        try:
+            task = trio.lowlevel.current_task()
+            token = trio.lowlevel.current_trio_token()
+            reschedule = trio.lowlevel.reschedule
+
+            def deliver(outcome: Any) -> None:  # in the worker thread
+                token.run_sync_soon(reschedule, task, outcome)
+
+            trio.lowlevel.start_thread_soon(partial(fn, *args), deliver)
+            return await trio.lowlevel.wait_task_rescheduled(
+                lambda _raise_cancel: trio.lowlevel.Abort.FAILED
+            )
+        finally:
+            limiter.release_on_behalf_of(self)
 
     def _run_in_thread(
         self, works: list[_Work]
