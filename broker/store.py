@@ -17,11 +17,15 @@ What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
 
 Who talks to SQLite. Everything SQL lives in ``_SqliteBackend``, a plain synchronous class with
 no trio in it (the model test in tests/test_store_model.py drives it directly). ``Store`` is
-the trio face: it reaches the backend only through ``trio.to_thread.run_sync(...,
-limiter=CapacityLimiter(1))``, so exactly one call touches the connection at any time and the
-limiter's hand-over orders one call after the other. trio's thread cache may run two calls on
-two different OS threads, which is why the connection is opened with
-``check_same_thread=False``; it is still never used by two threads at once.
+the trio face: it reaches the backend only in a worker thread holding one
+``CapacityLimiter(1)``, so exactly one call touches the connection at any time and the
+limiter's hand-over orders one call after the other. Reads go through
+``trio.to_thread.run_sync(..., limiter=...)``; the writer's commits take the limiter without a
+checkpoint when it is free and start the thread at once (``Store._in_thread``), because
+``run_sync`` first yields once and a commit then started a scheduling round late (another
+task's work ran in between). trio's thread cache may run two calls on two different OS
+threads, which is why the connection is opened with ``check_same_thread=False``; it is still
+never used by two threads at once.
 
 Group commit. Every mutating call builds an operation (the backend work to run, a result
 slot, an optional ``on_done`` callback; an Event only if someone waits), puts it on a bounded
