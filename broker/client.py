@@ -36,6 +36,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -74,6 +75,7 @@ from broker.frames import (
 )
 from broker.log import get_logger
 from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
+from broker.protocol_states import State
 
 DEFAULT_PORT = 7474
 RECEIVE_SIZE = 256 * 1024
@@ -84,6 +86,26 @@ UNCLAIMED_LIMIT = 10_000  # durable replay kept until the application subscribes
 
 log = get_logger("topiary.client")
 _packb = msgpack.Packer(use_bin_type=True).pack
+
+
+def _puback_frame_pattern() -> bytes:
+    """One PUBACK frame exactly as the broker encodes it (broker/replies.py): length
+    prefix, ``{"type": "PUBACK", "id": <uint>}``; the id's bytes (without their msgpack
+    marker) are the group that matched, and the prefix must agree with the id's width."""
+    head = re.escape(_packb({"type": "PUBACK", "id": 0})[:-1])  # the map up to the id
+    forms = []
+    for marker, width in ((b"", 1), (b"\xcc", 1), (b"\xcd", 2), (b"\xce", 4), (b"\xcf", 8)):
+        size = len(_packb({"type": "PUBACK", "id": 0})) - 1 + len(marker) + width
+        value = rb"([\x00-\x7f])" if not marker else rb"([\x00-\xff]{%d})" % width
+        forms.append(re.escape(size.to_bytes(4, "big")) + head + re.escape(marker) + value)
+    return b"|".join(forms)
+
+
+# A confirming publisher reads one PUBACK per message: a read that starts with a run of
+# them is answered with two regular expressions instead of a decoded frame each.
+_PUBACK_ONE = re.compile(_puback_frame_pattern())
+_PUBACK_RUN = re.compile(b"(?:" + _puback_frame_pattern() + b")+")
+_OPEN = State.OPEN
 
 
 class BrokerError(Exception):
@@ -138,6 +160,10 @@ def parse_server(server: str | tuple[str, int]) -> tuple[str, int]:
     if not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port}")
     return host, port
+
+
+#: What a publish's waiter is resolved with on the fast path (nobody reads its id).
+_PUBACKED = PubAck(id=0)
 
 
 class _Waiter:
@@ -420,6 +446,10 @@ class Client:
                     data = await stream.receive_some(RECEIVE_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     return ConnectionLost(str(exc) or "connection lost")
+                if data and proto.state is _OPEN and not proto.buffered:
+                    data = self._take_pubacks(data)
+                    if not data:
+                        continue
                 proto.receive_data(data)
                 continue
             if event.__class__ is PubAck:  # the confirming publisher's hot path
@@ -462,6 +492,26 @@ class Client:
                 if waiter is not None:
                     waiter.resolve(event)
             # PONG: nothing to do; hearing anything is what keeps us alive
+
+    def _take_pubacks(self, data: bytes) -> bytes:
+        """Resolve the waiters of the PUBACKs ``data`` starts with; the rest of ``data``.
+
+        The confirming publisher's hot path: ``next_event`` cost ~4 us per PUBACK (cut,
+        unpack, check, build a frame), a regular expression over the run ~1 us. Only for
+        frames in the broker's own encoding, only at a frame boundary (nothing buffered) and
+        in OPEN, where a PUBACK changes no state: anything else goes through ``proto``.
+        """
+        run = _PUBACK_RUN.match(data)
+        if run is None:
+            return data
+        end = run.end()
+        pop = self._waiters.pop
+        from_bytes = int.from_bytes
+        for match in _PUBACK_ONE.finditer(data, 0, end):
+            waiter = pop(from_bytes(match.group(match.lastindex), "big"), None)  # type: ignore[arg-type]
+            if waiter is not None:
+                waiter.resolve(_PUBACKED)
+        return data[end:]
 
     async def _dispatch(self, frame: Msg) -> None:
         message = Message(

@@ -122,3 +122,28 @@ async def test_a_confirmed_batch_without_reconnect_raises_when_the_broker_goes()
                 while True:  # until the client has seen the broker go
                     await c.publish_confirmed([("b/1", b"late", None)])
                     await trio.sleep(0.01)
+
+
+def test_a_read_of_pubacks_resolves_their_waiters_and_leaves_the_rest() -> None:
+    """The reader's PUBACK fast path: every id width msgpack has, in the broker's encoding;
+    it stops at the first other frame (or partial frame) and returns the rest untouched."""
+    from broker.client import Client, _Waiter
+    from broker.frames import Pong, encode_frame
+    from broker.replies import encode_puback
+
+    client = Client(
+        "127.0.0.1:1", client_id=None, credentials=None, keepalive=30, reconnect=False,
+        backoff=(1, 1),
+    )  # fmt: skip
+    ids = [0, 127, 128, 255, 256, 65_535, 65_536, 2**32 - 1, 2**32, 2**64 - 1]
+    waiters = {rid: _Waiter(None) for rid in [*ids, 7]}
+    client._waiters.update(waiters)
+    pong = encode_frame(Pong(id=1))
+    rest = len(pong).to_bytes(4, "big") + pong + encode_puback(7)
+    data = b"".join(encode_puback(rid) for rid in ids) + rest
+    assert client._take_pubacks(data) == rest
+    assert all(waiters[rid].resolved for rid in ids)
+    assert not waiters[7].resolved and list(client._waiters) == [7]
+    partial = encode_puback(7)[:-1]
+    assert client._take_pubacks(partial) == partial  # not whole: left to the protocol
+    assert client._take_pubacks(b"") == b""
