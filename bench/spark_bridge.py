@@ -861,6 +861,7 @@ def run_one(
     driver: SparkDriver | None = None
     stopped: dict[str, Any] | None = None
     try:
+        _clear_run_files(log_dir, slug)
         broker_config = log_dir / f"broker-{slug}.toml"
         write_broker_config(broker_config, PEER_KEEPALIVE, None)
         broker = start_broker(log_dir / f"broker-{slug}.log", broker_config)
@@ -1188,6 +1189,14 @@ def machine_info() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError, IndexError):
         info["java"] = None
     return info
+
+
+def _clear_run_files(log_dir: Path, slug: str) -> None:
+    """A reused --log-dir still holds an earlier run's checkpoint (the query would resume
+    it: another topic, nothing delivered) and logs (appended to, then misread)."""
+    shutil.rmtree(log_dir / f"checkpoint-{slug}", ignore_errors=True)
+    for name in ("progress", "spark", "plain", "broker"):
+        (log_dir / f"{name}-{slug}.log").unlink(missing_ok=True)
 
 
 def _class_cache_state(lines: list[dict[str, Any]]) -> str:
