@@ -85,13 +85,21 @@ def spark_class_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def spark(spark_class_cache: Path) -> Iterator[object]:
     """One local SparkSession (local[2]) for the whole test session; skipped only when
-    pyspark, pyarrow or Java is genuinely missing here."""
-    from bridges.spark.session import SparkUnavailable, build_session
+    pyspark, pyarrow or Java is genuinely missing here. It maps the session's class cache
+    archive when a driver wrote one before it, and never writes one itself (its JVM exits
+    only with pytest)."""
+    from bridges.spark.session import SparkUnavailable, build_session, check_spark
 
     try:
-        session = build_session("local[2]", app_name="topiary-tests", fast_start=True)
+        check_spark()
+        from bridges.spark.classcache import class_cache
+
+        cache = class_cache(spark_class_cache, writable=False)
+        session = build_session(
+            "local[2]", app_name="topiary-tests", fast_start=True, class_cache=cache
+        )
     except SparkUnavailable as exc:
         pytest.skip(f"Spark not available: {exc}")
     yield session

@@ -94,6 +94,16 @@ def test_a_killed_writers_lock_and_partial_archive_are_cleared(tmp_path: Path) -
     assert cache.finish(0)
 
 
+def test_a_read_only_cache_maps_an_archive_but_never_writes_one(tmp_path: Path) -> None:
+    reader = ClassCache(tmp_path, "k1", writable=False)
+    assert reader.prepare() == "" and reader.mode == "off"
+    assert list(tmp_path.iterdir()) == [], "no lock taken"
+    writer = ClassCache(tmp_path, "k1")
+    written_by_jvm(writer, writer.prepare())
+    writer.finish(0)
+    assert reader.prepare() == f"-XX:SharedArchiveFile={writer.archive}"
+
+
 def test_an_empty_archive_is_not_used(tmp_path: Path) -> None:
     (tmp_path / "spark-k1.jsa").write_bytes(b"")
     cache = ClassCache(tmp_path, "k1")

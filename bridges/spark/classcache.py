@@ -82,6 +82,7 @@ class ClassCache:
 
     directory: Path
     key: str
+    writable: bool = True  # False: map an archive that is there, never write one
     mode: str = "off"  # "use" | "write" | "off", set by prepare()
 
     @property
@@ -102,6 +103,9 @@ class ClassCache:
             self.mode = "use"
             log.info("class cache: using", archive=str(self.archive))
             return f"-XX:SharedArchiveFile={self.archive}"
+        if not self.writable:
+            self.mode = "off"
+            return ""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             if not self._take_lock():
@@ -176,9 +180,11 @@ def _tmp_pid(path: Path) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[2] == "tmp" and parts[1].isdigit() else None
 
 
-def class_cache(directory: str | Path | None, extra_class_path: str = "") -> ClassCache | None:
+def class_cache(
+    directory: str | Path | None, extra_class_path: str = "", *, writable: bool = True
+) -> ClassCache | None:
     """The cache for this runtime in ``directory`` (None: the default place; "": none)."""
     if directory == "":
         return None
     path = Path(directory).expanduser() if directory is not None else default_directory()
-    return ClassCache(path, runtime_key(extra_class_path))
+    return ClassCache(path, runtime_key(extra_class_path), writable)
