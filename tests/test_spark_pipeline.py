@@ -112,6 +112,11 @@ async def test_each_subscriber_gets_exactly_its_events_through_spark(
     dead = await trio.to_thread.run_sync(lambda: read_all(tansu, f"{topic_name}.dlq", 2))
     reasons = sorted(dict(d.headers())["topiary.reason"] for d in dead)
     assert reasons == [b"decode", b"missing_field"]
+    # Each dead letter names the record it came from (the sink takes it from the msg_id).
+    originals = await trio.to_thread.run_sync(lambda: read_all(tansu, topic_name, len(values)))
+    where = {m.value(): f"{topic_name}/{m.partition()}/{m.offset()}" for m in originals}
+    for letter in dead:
+        assert dict(letter.headers())["topiary.source"].decode() == where[letter.value()]
 
 
 def start_bridge(config: Path, log: Path, *extra: str) -> subprocess.Popen:

@@ -92,6 +92,28 @@ async def test_with_a_filters_option_the_sink_drops_rows_nobody_wants(spark) -> 
     assert len(got) == 50
 
 
+async def test_without_a_source_column_a_dead_letter_names_the_record_from_its_id(
+    spark, tansu: Tansu, topic_name: str
+) -> None:
+    from bridges.spark.sink import TopiarySink
+
+    dlq = f"{topic_name}.dlq"
+    tansu.create_topic(dlq, 1)
+    async with running_broker() as server:
+        spark.dataSource.register(TopiarySink)
+        frame = spark.createDataFrame(
+            [(None, b"{bad", "kafka/t/3/77", "decode", b"k")],
+            "topic STRING, value BINARY, msg_id STRING, reason STRING, key BINARY",
+        )
+        options = {"server": server_text(server), "dead_letter_topic": dlq,
+                   "kafka.bootstrap.servers": tansu.bootstrap}  # fmt: skip
+        await trio.to_thread.run_sync(
+            lambda: frame.write.format("topiary").options(**options).mode("append").save()
+        )
+    dead = await trio.to_thread.run_sync(lambda: read_all(tansu, dlq, 1))
+    assert dict(dead[0].headers())["topiary.source"] == b"t/3/77"
+
+
 async def test_malformed_rows_go_to_the_dead_letter_topic(
     spark, tansu: Tansu, topic_name: str
 ) -> None:

@@ -29,7 +29,6 @@ from broker.log import get_logger
 log = get_logger("topiary.bridge.spark")
 
 QUERY_NAME = "topiary-bridge"
-SINK_COLUMNS = ("topic", "value", "msg_id", "reason", "key", "source")
 
 
 def source_options(config: BridgeConfig) -> dict[str, str]:
@@ -64,16 +63,17 @@ def sink_options(config: BridgeConfig) -> dict[str, str]:
 
 def mapped(df: Any, config: BridgeConfig) -> Any:
     """Kafka rows -> the sink's columns: the topic (or the reason it has none), the value,
-    the message id and where the record came from."""
+    the message id, and the key of a record that has no topic."""
     compiled = compile_topic(config.template, value_column="value")
     ids = df.selectExpr(
-        "key",
-        "value",
-        "concat('kafka/', topic, '/', partition, '/', offset) AS msg_id",
-        "concat(topic, '/', partition, '/', offset) AS source",
+        "key", "value", "concat('kafka/', topic, '/', partition, '/', offset) AS msg_id"
     )
     with_topic = compiled.select(ids)
-    return with_topic.selectExpr(*SINK_COLUMNS)
+    # Only dead letters need the key (and their source, which the sink takes from msg_id):
+    # every column handed to the sink's Python costs per row, wanted or not.
+    return with_topic.selectExpr(
+        "topic", "value", "msg_id", "reason", "IF(reason IS NULL, NULL, key) AS key"
+    )
 
 
 class BatchWriter:

@@ -10,7 +10,9 @@ again, and the broker's duplicate filter drops them: exactly once into durable s
 
 Rows (columns by name): ``topic`` (STRING; NULL for a malformed record), ``value``
 (BINARY), ``msg_id`` (STRING), ``reason`` (STRING; NULL unless malformed), ``key``
-(BINARY), ``source`` (STRING ``topic/partition/offset``).
+(BINARY; only dead letters use it) and, optionally, ``source`` (STRING
+``topic/partition/offset``; without it a dead letter's source is ``msg_id`` without its
+``kafka/`` prefix).
 
 Options: ``server`` (HOST:PORT, required), ``token``, ``backoff_max`` (seconds),
 ``dead_letter_topic`` with ``kafka.*`` settings for its producer, and ``filters`` (JSON
@@ -127,7 +129,11 @@ async def _write(options: dict[str, str], batches: Iterator[Any]) -> SinkCommit:
             dead = []
             if any(reason is not None for reason in reasons):
                 keys = batch.column("key").to_pylist()
-                sources = batch.column("source").to_pylist()
+                sources = (
+                    batch.column("source").to_pylist()
+                    if "source" in batch.schema.names
+                    else [(msg_id or "").removeprefix("kafka/") for msg_id in ids]
+                )
                 dead = [
                     DeadLetter(values[i], keys[i], sources[i], reasons[i], reasons[i])
                     for i, reason in enumerate(reasons)
