@@ -16,9 +16,10 @@ from typing import Any
 
 from bridges.spark.classcache import ClassCache
 
-#: Faster JVM start on small machines: the C1 compiler only, the serial collector. For tests
-#: and short jobs only: without C2 the compiled topic mapping runs 2.5-3.5x slower in a long
-#: run (docs/benchmarks.md, "Spark pipeline").
+#: Faster JVM start on small machines: the C1 compiler only, the serial collector. For tests,
+#: short jobs and restarts that must be quick: without C2 the compiled topic mapping alone
+#: runs 2.5-3.5x slower, the whole local pipeline ~10% (docs/benchmarks.md, "Spark
+#: pipeline").
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
