@@ -1248,7 +1248,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--retry-noisy", type=int, default=0, metavar="N",
         help="run again (up to N times) when other processes used more than "
-        f"{NOISY_OTHERS:.0%} of a core in the steady window (default 0)",
+        f"{NOISY_OTHERS:.0%}% of a core in the steady window (default 0)",
     )  # fmt: skip
     parser.add_argument(
         "--quiet-wait", type=float, default=0.0, metavar="SECONDS",
