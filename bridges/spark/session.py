@@ -3,7 +3,9 @@
 Executors start Python workers with PYSPARK_PYTHON; unless it is the interpreter that
 runs the driver, they may not find topiary or confluent-kafka, and the failure ("Python
 worker failed to connect back") hides the real ImportError in stderr. SPARK_LOCAL_IP keeps
-Spark's own sockets on 127.0.0.1.
+Spark's own sockets on 127.0.0.1. For a pip-installed PySpark, SPARK_HOME is pointed at a
+linked copy of its home without the source zips, so workers import PySpark compiled
+(bridges/spark/sparkhome.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bridges.spark.classcache import ClassCache
+from bridges.spark.sparkhome import use_compiled_pyspark
 
 #: Faster JVM start on small machines: the C1 compiler only, the serial collector. For tests,
 #: short jobs and restarts that must be quick: without C2 the compiled topic mapping alone
@@ -64,6 +67,7 @@ def build_session(
     the archive a first run writes is put in place.
     """
     check_spark()
+    use_compiled_pyspark()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if local:
