@@ -16,7 +16,8 @@ Every run gets its own topic, fresh broker and subscriber (a lean raw reader in 
 process), and one pipeline as a subprocess: the plain bridge (``python -m broker.cli bridge
 kafka``, fresh ``group.id``) or the Spark pipeline (``python -m broker.cli bridge spark``,
 fresh checkpoint, ``master = "local[2]"``, ``trigger = 0`` (back to back),
-``max_offsets_per_trigger`` M = 50,000, ``filter = "table"`` or ``"regex"``).
+``max_offsets_per_trigger`` M = 200,000 (the bridge's default), ``filter = "table"`` or
+``"regex"``).
 
 Runs (``--only``): ``{plain,table,regex}-{10,100}`` and, at 10%, ``-1k``: the subscriber
 holds 999 more filters ``beacon/*/*/zz{i}/>`` that match nothing in the stream, so the
@@ -29,7 +30,11 @@ bridges/spark/classcache.py) as ``topiary bridge spark`` does: the first Spark r
 no archive writes one when it stops ("jvm cold" in the table), the later ones map it ("jvm
 warm"). ``--class-cache ''`` turns it off; a quick run has it off.
 
-Phase 1, throughput: N records (300,000) are produced before the pipeline starts.
+``table-10-small`` is table-10 with batches of M/4 (50,000): every micro-batch has a fixed
+cost (planning, task start, commits; about half a second here), which smaller batches pay
+more often.
+
+Phase 1, throughput: N records (1,000,000) are produced before the pipeline starts.
 
 - time to first batch = spawning the pipeline -> the subscriber's first delivery (Python,
   JVM and SparkSession start-up, the route table, the first micro-batch or, for the plain
@@ -132,6 +137,7 @@ from bench.e2e import (  # noqa: E402
     scan_log,
     stop_broker,
 )
+from bridges.config import SparkSettings  # noqa: E402
 from bridges.spark.session import FAST_JVM  # noqa: E402
 from bridges.tansu import Tansu, TansuUnavailable, start_tansu  # noqa: E402
 from broker.frames import Pong, Sub  # noqa: E402
@@ -160,8 +166,13 @@ NOISY_OTHERS = 0.25  # other processes' CPU share in a steady window that calls 
 GOAL_STEADY = 25_000
 GOAL_FIRST_BATCH = 15.0
 
-FULL: dict[str, Any] = {"events": 300_000, "max_offsets": 50_000, "live_rate": 5_000,
-                        "live_seconds": 10.0}  # fmt: skip
+#: M is the bridge's own default, so the figures are what `topiary bridge spark` does as
+#: shipped; N gives four steady micro-batches after the first.
+FULL: dict[str, Any] = {"events": 1_000_000,
+                        "max_offsets": SparkSettings.max_offsets_per_trigger,
+                        "live_rate": 5_000, "live_seconds": 10.0}  # fmt: skip
+#: table-10-small's batches (M/4: 50,000 in a full run), to show the fixed cost per batch.
+SMALL_BATCHES = 0.25
 QUICK: dict[str, Any] = {"events": 3_000, "max_offsets": 1_000, "live_rate": 1_000,
                          "live_seconds": 1.0}  # fmt: skip
 QUICK_RUNS = ("plain-10", "table-10")
@@ -174,6 +185,12 @@ class RunSpec:
     mode: str | None = None  # Spark's [spark] filter
     extra_filters: int = 0
     c1_jit: bool = False  # the driver JVM with FAST_JVM (what the tests use), not the default
+    #: max_offsets_per_trigger for this run as a fraction of the run's M (small batches).
+    batch_fraction: float = 1.0
+
+
+def max_offsets(spec: RunSpec, params: dict[str, Any]) -> int:
+    return max(1, int(params["max_offsets"] * spec.batch_fraction))
 
 
 RUNS: dict[str, RunSpec] = {
@@ -187,6 +204,7 @@ RUNS: dict[str, RunSpec] = {
     "table-10-1k": RunSpec("spark", "10%", "table", EXTRA_FILTERS),
     "regex-10-1k": RunSpec("spark", "10%", "regex", EXTRA_FILTERS),
     "table-10-c1": RunSpec("spark", "10%", "table", c1_jit=True),
+    "table-10-small": RunSpec("spark", "10%", "table", batch_fraction=SMALL_BATCHES),
 }
 
 #: The driver JVM's logging: Spark's usual console output at WARN, and the streaming
@@ -559,7 +577,7 @@ stats_interval = 0
 master = "{MASTER}"
 checkpoint = "{log_dir / f"checkpoint-{slug}"}"
 trigger = {params["trigger"]!r}
-max_offsets_per_trigger = {params["max_offsets"]}
+max_offsets_per_trigger = {max_offsets(spec, params)}
 filter = "{spec.mode}"
 {class_cache}
 [spark.conf]
@@ -822,7 +840,7 @@ def _first_batch_end(
         return times[k - 1], batch
     from bridges.spark.source import fair_share
 
-    first = fair_share(params["partition_sizes"], params["max_offsets"])
+    first = fair_share(params["partition_sizes"], max_offsets(spec, params))
     end = None
     for msg_id, when in zip(ids, times, strict=True):
         _topic, partition, offset = msg_id.rsplit("/", 2)
@@ -844,6 +862,8 @@ def run_one(
     result: dict[str, Any] = {"pipeline": spec.pipeline, "label": spec.label,
                               "filter": filter_text, "filters": len(filters),
                               "filter_mode": spec.mode, "topic": topic}  # fmt: skip
+    if spec.pipeline == "spark":
+        result["max_offsets_per_trigger"] = max_offsets(spec, params)
     tansu.create_topic(topic, PARTITIONS)
     backlog = backlog_plan(events)
     live_count = int(params["live_rate"] * params["live_seconds"])
@@ -1084,16 +1104,17 @@ def table_lines(report: dict[str, Any]) -> list[str]:
     lines = [
         f"{p['events']:,} records of {EVENT_SIZE} B JSON in {PARTITIONS} partitions, then "
         f"{p['live_rate']:,}/s for {p['live_seconds']:g} s; Spark: {MASTER}, trigger "
-        f"{p['trigger']:g} s, max_offsets_per_trigger {p['max_offsets']:,}",
+        f"{p['trigger']:g} s, max_offsets_per_trigger {p['max_offsets']:,} "
+        f"(-small runs: {max(1, int(p['max_offsets'] * SMALL_BATCHES)):,})",
         "",
-        f"{'run':<12} {'pipeline':<8} {'mode':<6} {'wanted':>6} {'filters':>7} "
+        f"{'run':<14} {'pipeline':<8} {'mode':<6} {'wanted':>6} {'filters':>7} "
         f"{'1st batch s':>11} {'jvm':>4} {'steady ev/s':>11} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'exact':>5}",
     ]
     for name, run in report["runs"].items():
         t, lat = run.get("throughput", {}), run.get("latency", {})
         lines.append(
-            f"{name:<12} {run['pipeline']:<8} {run.get('filter_mode') or '-':<6} "
+            f"{name:<14} {run['pipeline']:<8} {run.get('filter_mode') or '-':<6} "
             f"{run['label']:>6} {run['filters']:>7,} "
             f"{_fmt(t.get('first_batch_seconds'), '.2f'):>11} {run.get('class_cache', '-'):>4} "
             f"{_fmt(t.get('steady_events_per_second')):>11} "
@@ -1105,7 +1126,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         share = run.get("throughput", {}).get("cpu_share")
         if share:
             text = ", ".join(f"{k} {v:.0%}" for k, v in share.items())
-            lines.append(f"  {name:<12} {text}")
+            lines.append(f"  {name:<14} {text}")
     spark = [(n, r["spark_progress"]) for n, r in report["runs"].items()
              if r.get("spark_progress", {}).get("steady_ms_per_batch")]  # fmt: skip
     if spark:
@@ -1113,7 +1134,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         for name, prog in spark:
             ms = prog["steady_ms_per_batch"]
             text = ", ".join(f"{k} {ms[k]:,}" for k in DURATIONS)
-            lines.append(f"  {name:<12} {prog['steady_batches']} batches: {text}")
+            lines.append(f"  {name:<14} {prog['steady_batches']} batches: {text}")
     return lines
 
 
@@ -1213,7 +1234,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny counts (CI smoke test)")
     parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
-    parser.add_argument("--events", type=int, help="pre-produced records (default 300,000)")
+    parser.add_argument("--events", type=int, help="pre-produced records (default 1,000,000)")
     parser.add_argument("--max-offsets", type=int, help="[spark] max_offsets_per_trigger")
     parser.add_argument("--live-rate", type=int, help="records/s in the latency phase")
     parser.add_argument("--live-seconds", type=float, help="length of the latency phase")
