@@ -169,7 +169,7 @@ GOAL_FIRST_BATCH = 15.0
 #: M is the bridge's own default, so the figures are what `topiary bridge spark` does as
 #: shipped; N gives four steady micro-batches after the first.
 FULL: dict[str, Any] = {"events": 1_000_000,
-                        "max_offsets": SparkSettings.max_offsets_per_trigger,
+                        "max_offsets": SparkSettings().max_offsets_per_trigger,
                         "live_rate": 5_000, "live_seconds": 10.0}  # fmt: skip
 #: table-10-small's batches (M/4: 50,000 in a full run), to show the fixed cost per batch.
 SMALL_BATCHES = 0.25
