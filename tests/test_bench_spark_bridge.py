@@ -135,3 +135,20 @@ def test_quick_run_leaves_no_process_behind(quick_run: tuple) -> None:
     assert len(report["runs"]["table-10"]["pipeline_tree"]) >= 3  # driver, JVM, workers
     for pid in pids:
         assert not _running(pid), pid
+
+
+def test_a_full_run_uses_the_bridges_default_batch_size_and_small_runs_a_quarter() -> None:
+    import sys
+
+    if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository root
+        sys.path.insert(0, str(ROOT))
+    from bench import spark_bridge
+    from bridges.config import SparkSettings
+
+    default = SparkSettings().max_offsets_per_trigger
+    assert spark_bridge.FULL["max_offsets"] == default
+    assert spark_bridge.max_offsets(spark_bridge.RUNS["table-10"], spark_bridge.FULL) == default
+    small = spark_bridge.max_offsets(spark_bridge.RUNS["table-10-small"], spark_bridge.FULL)
+    assert small == default // 4
+    # Four steady micro-batches after the first.
+    assert spark_bridge.FULL["events"] // default == 5
