@@ -77,10 +77,23 @@ def topic_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def spark_class_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def linked_spark_home(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """The linked SPARK_HOME (bridges/spark/sparkhome.py) made in the test session's
+    directory rather than the user's cache; every Spark driver of the session, in process or
+    a subprocess, inherits it."""
+    from bridges.spark.sparkhome import use_compiled_pyspark
+
+    return use_compiled_pyspark(tmp_path_factory.getbasetemp() / "spark-home")
+
+
+@pytest.fixture(scope="session")
+def spark_class_cache(
+    tmp_path_factory: pytest.TempPathFactory, linked_spark_home: Path | None
+) -> Path:
     """One driver class cache directory for the test session: the first `topiary bridge
     spark` that stops cleanly writes the archive (the bench smoke test, in file order), and
-    drivers started after it map it (the crash test)."""
+    drivers started after it map it (the crash test). Whoever starts a Spark driver asks for
+    it, so the linked SPARK_HOME comes with it."""
     return tmp_path_factory.getbasetemp() / "spark-class-cache"
 
 
