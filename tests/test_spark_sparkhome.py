@@ -91,3 +91,24 @@ def test_a_python_worker_imports_pyspark_compiled_not_from_the_zip(spark: Any) -
     [path] = spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()
     assert ".zip" not in path
     assert path.endswith(os.path.join("pyspark", "__init__.py"))
+
+
+def test_a_good_linked_home_made_meanwhile_by_another_start_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bridges.spark import sparkhome
+
+    real = fake_home(tmp_path)
+    home = linked_home(real, tmp_path / "homes")
+    made = home.stat().st_ino
+    intact = sparkhome._intact
+    looks: list[bool] = []
+
+    def first_look_misses(*args: Any) -> bool:  # as if it were not there yet
+        looks.append(True)
+        return len(looks) > 1 and intact(*args)
+
+    monkeypatch.setattr(sparkhome, "_intact", first_look_misses)
+    assert linked_home(real, tmp_path / "homes") == home
+    assert home.stat().st_ino == made
+    assert [p.name for p in (tmp_path / "homes").iterdir()] == [home.name]

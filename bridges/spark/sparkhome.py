@@ -60,8 +60,8 @@ def linked_home(real: Path, base: Path) -> Path:
     try:
         for name in entries:
             (scratch / name).symlink_to(real / name)
-        if home.exists() or home.is_symlink():
-            _remove(home)
+        if (home.exists() or home.is_symlink()) and not _intact(home, real, entries):
+            _remove(home)  # stale or tampered (a concurrent start's good copy is kept)
         try:
             scratch.rename(home)
         except OSError:
