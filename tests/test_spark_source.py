@@ -374,3 +374,19 @@ def test_reader_pickles_after_use(reader_for: Any, tansu: Tansu, topic_name: str
     copy = pickle.loads(pickle.dumps(reader))
     assert copy._consumer is None
     assert copy.partitions({"0": 0}, {"0": 0}) == []
+
+
+def test_a_task_hands_over_a_small_first_batch_then_full_ones(
+    reader_for: Any, tansu: Tansu, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bridges.spark import source
+
+    monkeypatch.setattr(source, "FIRST_CHUNK_ROWS", 100)
+    monkeypatch.setattr(source, "CHUNK_ROWS", 1000)
+    tansu.create_topic(topic_name, 1)
+    produce(tansu, topic_name, {0: 2500})
+    reader = reader_for(topic_name)
+    batches = list(reader.read(KafkaInputPartition(topic_name, 0, 0, 2500)))
+    assert [b.num_rows for b in batches] == [100, 1000, 1000, 400]
+    offsets = [o for b in batches for o in b.column("offset").to_pylist()]
+    assert offsets == list(range(2500))

@@ -69,6 +69,9 @@ SCHEMA = StructType(
 SPARK_KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 CHUNK_ROWS = 10_000  # rows per Arrow batch handed to Spark
+#: A task's first Arrow batch: small, so its rows are mapped and published while the rest
+#: is read (a fresh query's first delivery comes ~0.5 s sooner on 2 cores).
+FIRST_CHUNK_ROWS = 1_000
 DEFAULT_POLL_MS = 60_000  # a task fails after this long without a record
 DEFAULT_PROBE_MS = 10_000  # the driver's log-end probe gives up after this
 PROBE_GRACE = 0.2  # seconds a probed partition may keep reading after its first record
@@ -465,7 +468,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- task side ------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Records ``[start, end)`` of one partition as Arrow batches of CHUNK_ROWS rows.
+        """Records ``[start, end)`` of one partition as Arrow batches of CHUNK_ROWS rows
+        (the first one FIRST_CHUNK_ROWS).
 
         Done at the first record at or past ``end - 1`` (compaction may have removed
         ``end - 1`` itself) or an EOF at or past ``end`` (a transaction marker may hold the
@@ -481,9 +485,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             consumer.assign([TopicPartition(topic, p, start)])
             position = start  # next offset wanted
+            chunk = FIRST_CHUNK_ROWS
             last_progress = time.monotonic()
             while position < end:
-                messages = consumer.consume(min(CHUNK_ROWS, end - position), timeout=0.5)
+                messages = consumer.consume(min(chunk - len(rows), end - position), timeout=0.5)
                 for message in messages:
                     error = message.error()
                     if error is not None:
@@ -514,8 +519,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         f"{position}, then nothing for {self.options.poll_timeout:g} s; "
                         "the planned records are missing (deleted, or the broker lags)"
                     )
-                if len(rows) >= CHUNK_ROWS:
+                if len(rows) >= chunk:
                     yield rows.batch()
+                    chunk = CHUNK_ROWS
             if len(rows):
                 yield rows.batch()
         finally:
