@@ -87,32 +87,15 @@ def linked_spark_home(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
 
 
 @pytest.fixture(scope="session")
-def spark_class_cache(
-    tmp_path_factory: pytest.TempPathFactory, linked_spark_home: Path | None
-) -> Path:
-    """One driver class cache directory for the test session: the first `topiary bridge
-    spark` that stops cleanly writes the archive (the bench smoke test, in file order), and
-    drivers started after it map it (the crash test). Whoever starts a Spark driver asks for
-    it, so the linked SPARK_HOME comes with it."""
-    return tmp_path_factory.getbasetemp() / "spark-class-cache"
-
-
-@pytest.fixture(scope="session")
-def spark(spark_class_cache: Path) -> Iterator[object]:
+def spark(linked_spark_home: Path | None) -> Iterator[object]:
     """One local SparkSession (local[2]) for the whole test session; skipped only when
-    pyspark, pyarrow or Java is genuinely missing here. It maps the session's class cache
-    archive when a driver wrote one before it, and never writes one itself (its JVM exits
-    only with pytest)."""
+    pyspark, pyarrow or Java is genuinely missing here. No class cache: nothing in the
+    test session writes an archive a driver could map (test_spark_classcache.py)."""
     from bridges.spark.session import SparkUnavailable, build_session, check_spark
 
     try:
         check_spark()
-        from bridges.spark.classcache import class_cache
-
-        cache = class_cache(spark_class_cache, writable=False)
-        session = build_session(
-            "local[2]", app_name="topiary-tests", fast_start=True, class_cache=cache
-        )
+        session = build_session("local[2]", app_name="topiary-tests", fast_start=True)
     except SparkUnavailable as exc:
         pytest.skip(f"Spark not available: {exc}")
     yield session

@@ -1,7 +1,9 @@
 """The driver JVM's class cache: who writes the archive, who uses it, what a crash leaves.
 
-No JVM here: these drive the bookkeeping around the JVM's own options. The crash test in
-test_spark_pipeline.py has a real driver write an archive after a killed one left its lock.
+Most of these drive the bookkeeping around the JVM's own options without a JVM. The last
+two hand those options to a real JVM the way a driver gets them: through ``spark-submit`` and
+``spark.driver.extraJavaOptions``, with Spark's own launcher on Spark's class path (its
+``--version``: ~2 s, where a whole driver writing its archive takes 10 s more at exit).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from bridges.spark.classcache import ClassCache, class_cache, default_directory, runtime_key
+from bridges.spark.session import SparkUnavailable, check_spark
 
 
 def dead_pid() -> int:
@@ -142,3 +145,63 @@ def test_an_empty_setting_turns_the_cache_off_and_none_means_the_default_place(
     assert cache is not None and cache.directory == tmp_path / "topiary" / "spark"
     assert class_cache("~/x") is not None
     assert class_cache("~/x").directory == Path.home() / "x"  # type: ignore[union-attr]
+
+
+# --- with a real JVM --------------------------------------------------------------------------
+
+
+def spark_submit_version(java_options: str) -> subprocess.CompletedProcess:
+    """``spark-submit --version`` with ``java_options`` for the driver JVM, as a driver gets
+    them from build_session (SPARK_HOME is the test session's linked home)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    command = [
+        str(Path(_find_spark_home()) / "bin" / "spark-submit"),
+        "--conf",
+        f"spark.driver.extraJavaOptions={java_options}",
+        "--version",
+    ]
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False, env=env)
+
+
+@pytest.fixture
+def real_jvm(linked_spark_home: Path | None) -> None:
+    try:
+        check_spark()
+    except SparkUnavailable as exc:
+        pytest.skip(f"Spark is unavailable: {exc}")
+
+
+@pytest.mark.usefixtures("real_jvm")
+def test_a_real_jvm_writes_the_archive_and_the_next_start_maps_its_classes(
+    tmp_path: Path,
+) -> None:
+    writer = class_cache(tmp_path)
+    assert writer is not None
+    done = spark_submit_version(writer.prepare())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert writer.finish(done.returncode), "the JVM wrote no archive"
+    assert [p.name for p in tmp_path.iterdir()] == [writer.archive.name]
+    assert writer.archive.stat().st_size > 1_000_000
+    reader = class_cache(tmp_path, writable=False)
+    assert reader is not None
+    # -Xshare:on: a JVM that cannot map the archive refuses to start instead of going on.
+    done = spark_submit_version(f"{reader.prepare()} -Xshare:on -Xlog:class+load=info")
+    assert done.returncode == 0, done.stderr[-2000:]
+    shared = done.stdout.count("source: shared objects file (top)")
+    assert shared > 1_000, "Spark's classes came from the jars, not the archive"
+
+
+@pytest.mark.usefixtures("real_jvm")
+def test_an_archive_the_jvm_cannot_map_is_passed_over_and_the_driver_starts_anyway(
+    tmp_path: Path,
+) -> None:
+    cache = ClassCache(tmp_path, "k1")
+    cache.archive.write_bytes(b"not an archive at all")
+    assert cache.prepare() == f"-XX:SharedArchiveFile={cache.archive}"
+    done = spark_submit_version(cache.prepare())
+    assert done.returncode == 0, done.stderr[-2000:]
+    from pyspark import __version__
+
+    assert f"version {__version__}" in done.stderr, "Spark's launcher did not run"

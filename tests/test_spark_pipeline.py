@@ -12,7 +12,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -126,63 +125,60 @@ def start_bridge(config: Path, log: Path, *extra: str) -> subprocess.Popen:
 
 
 async def test_killing_the_spark_driver_mid_stream_delivers_everything_exactly_once(
-    tansu: Tansu, topic_name: str, tmp_path: Path, spark_class_cache: Path
+    spark, tansu: Tansu, topic_name: str, tmp_path: Path
 ) -> None:
+    """kill -9 of `topiary bridge spark` inside its first micro-batch, then a restart on the
+    same checkpoint: here in this process's session (availableNow), which runs the same
+    query on the checkpoint the killed driver left, without a second driver start."""
     events = 3_000
     tansu.create_topic(topic_name, 2)
     await trio.to_thread.run_sync(
         lambda: produce(tansu, topic_name, json_values(beacon(i) for i in range(events)))
     )
     log = tmp_path / "bridge.log"
-    # Map the archive an earlier driver of this session wrote (test_bench_spark_bridge.py);
-    # without one, no cache: writing it would add seconds at every exit.
-    warm = any(spark_class_cache.glob("*.jsa"))
     async with running_broker(data_dir=str(tmp_path / "data")) as server:
         document = spark_config(
             tansu, server_text(server), topic_name, tmp_path, max_offsets_per_trigger=1000,
             conf={"spark.sql.shuffle.partitions": "1", "spark.driver.extraJavaOptions": FAST_JVM},
-            class_cache=str(spark_class_cache) if warm else "",
+            class_cache="",
         )  # fmt: skip
-        config = write_config(tmp_path / "bridge.toml", document)
+        config_file = write_config(tmp_path / "bridge.toml", document)
         async with connect(server_text(server), client_id="keeper", durable=True) as client:
             async with client.subscribe("beacon/>") as sub:
                 ids: list[str] = []
-                bridge = start_bridge(config, log)
-                killed = False
+
+                async def receive(until: int) -> None:
+                    while len(set(ids)) < until:
+                        message = await sub.get()
+                        ids.append(message.id)
+                        if len(ids) % 100 == 0:
+                            await client.ack(message.seq)
+
+                bridge = start_bridge(config_file, log)
                 try:
-                    with trio.fail_after(150):
-                        while len(set(ids)) < events:
-                            message = await sub.get()
-                            ids.append(message.id)
-                            if len(ids) % 100 == 0:
-                                await client.ack(message.seq)
-                            if not killed and len(ids) >= 300:  # in the first batch
-                                bridge.send_signal(signal.SIGKILL)
-                                bridge.wait(10)
-                                killed = True
-                                time.sleep(0.2)
-                                bridge = start_bridge(config, log, "--available-now")
-                    # The restart read everything there was and stopped by itself.
-                    status = await trio.to_thread.run_sync(lambda: bridge.wait(60))
-                    assert status == 0, log.read_text()[-3000:]
-                    # Everything it published is confirmed, so a duplicate would be on its
-                    # way to us by now.
-                    with trio.move_on_after(1):
-                        while True:
-                            ids.append((await sub.get()).id)
+                    with trio.fail_after(120):
+                        await receive(300)  # in the first batch of 1,000
                 finally:
-                    bridge.send_signal(signal.SIGTERM)
-                    try:
-                        bridge.wait(30)
-                    except subprocess.TimeoutExpired:
-                        bridge.kill()
-                        bridge.wait()
+                    bridge.send_signal(signal.SIGKILL)
+                    bridge.wait(10)
+                assert bridge.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+                config = bridge_config_from_dict(document)
+                feed = RouteFeed(config.server, observer_id="spark-restarted").start()
+                try:
+                    assert await trio.to_thread.run_sync(lambda: feed.wait_ready(10))
+                    await trio.to_thread.run_sync(lambda: run_available_now(spark, config, feed))
+                finally:
+                    await trio.to_thread.run_sync(feed.stop)
+                with trio.fail_after(30):
+                    await receive(events)
+                # Everything the restart published is confirmed, so a duplicate would be
+                # on its way to us by now.
+                with trio.move_on_after(1):
+                    while True:
+                        ids.append((await sub.get()).id)
         with trio.fail_after(10):
             async with connect(server_text(server)) as observer:
                 stats = await observer.stats()
-    assert killed
     assert len(ids) == len(set(ids)) == events, "a duplicate reached the durable session"
     # The restart resumed from the checkpoint: at most the batch in flight came again.
     assert stats["duplicates_dropped"] < events // 2
-    if warm:  # both drivers started from the archive
-        assert log.read_text().count("class cache: using") == 2, log.read_text()[-3000:]

@@ -15,7 +15,8 @@ reader never sees half an archive. A driver killed before it exits leaves a stal
 maybe a partial temporary file: the next start removes both and writes again.
 
 A JVM that cannot use an archive (another runtime, changed jars: the hash should have caught
-that) warns and starts without it; delete the directory to start over. The archive is big
+that; a damaged file) starts without it, silently on Java 17 (``-Xlog:cds`` says why); delete
+the directory to start over. The archive is big
 (~150-170 MB) and written once: the first clean exit takes some seconds longer.
 """
 
