@@ -12,6 +12,7 @@ from hypothesis import settings
 from bridges.tansu import Tansu, TansuUnavailable, start_tansu
 from broker.config import BrokerConfig
 from broker.server import Server, run_broker
+from tests.benchrun import ROOT, QuickRun
 
 # CI runs the same examples every time (derandomize): a red build then means the change,
 # not the dice; local runs explore new examples.
@@ -87,12 +88,14 @@ def linked_spark_home(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
 
 
 @pytest.fixture(scope="session")
-def spark(linked_spark_home: Path | None) -> Iterator[object]:
+def spark(linked_spark_home: Path | None, request: pytest.FixtureRequest) -> Iterator[object]:
     """One local SparkSession (local[2]) for the whole test session; skipped only when
     pyspark, pyarrow or Java is genuinely missing here. No class cache: nothing in the
     test session writes an archive a driver could map (test_spark_classcache.py)."""
     from bridges.spark.session import SparkUnavailable, build_session, check_spark
 
+    if request.config.stash.get(SPARK_BENCH_EARLY, False):
+        request.getfixturevalue("spark_bench_quick_run")  # it starts with this session
     try:
         check_spark()
         session = build_session("local[2]", app_name="topiary-tests", fast_start=True)
@@ -100,3 +103,50 @@ def spark(linked_spark_home: Path | None) -> Iterator[object]:
         pytest.skip(f"Spark not available: {exc}")
     yield session
     session.stop()
+
+
+# -- the Spark benchmark's smoke run, alongside the in-process Spark tests ------------------
+
+SPARK_BENCH_MODULE = "test_bench_spark_bridge.py"
+SPARK_BENCH_EARLY = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they deselect
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """When the Spark benchmark's smoke tests run together with tests of the in-process
+    SparkSession, they go right after the last of those, and their quick run (its own
+    process, ~1 core for ~25 s, mostly a driver JVM starting) starts with that session:
+    on 2 cores the two then share the machine instead of taking turns, ~12 s sooner."""
+
+    def uses(item: pytest.Item, fixture: str) -> bool:
+        return fixture in getattr(item, "fixturenames", ())
+
+    bench = [item for item in items if item.path.name == SPARK_BENCH_MODULE]
+    rest = [item for item in items if item.path.name != SPARK_BENCH_MODULE]
+    users = [n for n, item in enumerate(rest) if uses(item, "spark")]
+    if users and any(uses(item, "spark_bench_quick_run") for item in bench):
+        items[:] = [*rest[: users[-1] + 1], *bench, *rest[users[-1] + 1 :]]
+        config.stash[SPARK_BENCH_EARLY] = True
+
+
+@pytest.fixture(scope="session")
+def spark_bench_quick_run(
+    tmp_path_factory: pytest.TempPathFactory, linked_spark_home: Path | None
+) -> Iterator[QuickRun | str]:
+    """bench/spark_bridge.py --quick, started (once) by whoever asks first; or why it
+    cannot run here. A run nobody waited for is interrupted at the end of the session."""
+    from bridges.spark.session import SparkUnavailable, check_spark
+    from bridges.tansu import tansu_binary
+
+    try:
+        tansu_binary()
+        check_spark()
+    except (TansuUnavailable, SparkUnavailable) as exc:
+        yield f"{type(exc).__name__}: {exc}"
+        return
+    json_path = tmp_path_factory.mktemp("bench") / "spark_bridge.json"
+    run = QuickRun(ROOT / "bench" / "spark_bridge.py", json_path).start()
+    try:
+        yield run
+    finally:
+        run.abort()

@@ -1,7 +1,9 @@
 """Smoke test for bench/spark_bridge.py: the quick run in a subprocess, so the benchmark
 cannot rot.
 
-It starts Tansu, two brokers, the plain bridge and one Spark driver (local[2]) on 127.0.0.1
+The run itself is conftest.spark_bench_quick_run: when in-process Spark tests run in the
+same session, it runs alongside them (conftest.pytest_collection_modifyitems says why). It
+starts Tansu, two brokers, the plain bridge and one Spark driver (local[2]) on 127.0.0.1
 (~25 s, most of it the JVM and the SparkSession starting) and checks that both pipelines
 delivered exactly the expected events in both phases and left nothing running. A quick run
 keeps the driver's class cache off: writing the archive would add ~10 s at the driver's exit
@@ -11,17 +13,13 @@ keeps the driver's class cache off: writing the archive would add ~10 s at the d
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.benchrun import ROOT, run_quick
+from tests.benchrun import ROOT, QuickRun
 
 pytest.importorskip("confluent_kafka")
 
-from bridges.tansu import TansuUnavailable, tansu_binary
-
-SCRIPT = ROOT / "bench" / "spark_bridge.py"
 EVENTS = 3_000
 LIVE = 1_000  # 1,000/s for 1 s
 # 4 partitions of 750 records: offsets 0..748 regular (site s{offset % 100}) and a sentinel
@@ -33,21 +31,12 @@ RUNS = {"plain-10": ("plain", None), "table-10": ("spark", "table")}
 
 
 @pytest.fixture(scope="module")
-def quick_run(
-    tmp_path_factory: pytest.TempPathFactory, linked_spark_home: Path | None
-) -> tuple[subprocess.CompletedProcess, dict]:
-    try:
-        tansu_binary()
-    except TansuUnavailable as exc:
-        pytest.skip(f"Tansu is unavailable: {exc}")
-    from bridges.spark.session import SparkUnavailable, check_spark
-
-    try:
-        check_spark()
-    except SparkUnavailable as exc:
-        pytest.skip(f"Spark is unavailable: {exc}")
-    json_path = tmp_path_factory.mktemp("bench") / "spark_bridge.json"
-    return run_quick(SCRIPT, json_path)
+def quick_run(spark_bench_quick_run: QuickRun | str) -> tuple[subprocess.CompletedProcess, dict]:
+    """The run conftest.spark_bench_quick_run started, alongside the in-process Spark tests
+    when they run too."""
+    if isinstance(spark_bench_quick_run, str):
+        pytest.skip(spark_bench_quick_run)
+    return spark_bench_quick_run.result()
 
 
 def _running(pid: int) -> bool:
