@@ -1,8 +1,8 @@
 """The Spark pipeline end to end: Tansu -> Spark (local[2]) -> broker -> wildcard subscribers.
 
 In-process queries run with ``availableNow``; the crash test runs ``topiary bridge spark``
-as its own process, kills it with SIGKILL in the middle of the stream and starts it again
-on the same checkpoint.
+as its own process, kills it with SIGKILL in the middle of the stream and restarts the
+query on the same checkpoint in the test session's SparkSession.
 """
 
 from __future__ import annotations
