@@ -1917,9 +1917,7 @@ def cpu_lines(report: dict[str, Any]) -> list[str]:
 
 
 def machine_info() -> dict[str, Any]:
-    return common_machine_info(
-        trio=trio.__version__, msgpack=".".join(map(str, msgpack.version))
-    )
+    return common_machine_info(trio=trio.__version__, msgpack=".".join(map(str, msgpack.version)))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

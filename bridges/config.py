@@ -219,9 +219,7 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
         for key, value in document.get(table, {}).items():
             wanted = types.get(key)
             if wanted is None:
-                raise ConfigError(
-                    f"[{table}] has unknown key {key!r} (known: {', '.join(types)})"
-                )
+                raise ConfigError(f"[{table}] has unknown key {key!r} (known: {', '.join(types)})")
             if isinstance(value, bool) or not isinstance(value, wanted):
                 names = " or ".join(t.__name__ for t in wanted)
                 raise ConfigError(
@@ -268,8 +266,7 @@ def _check_kafka(body: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"[kafka] {key!r} cannot be set: {_OWNED_KAFKA_KEYS[key]}")
         if isinstance(value, dict | list):
             raise ConfigError(
-                f"[kafka] {key!r} must be a string, number or boolean, "
-                f"got {type(value).__name__}"
+                f"[kafka] {key!r} must be a string, number or boolean, got {type(value).__name__}"
             )
     for key in ("bootstrap.servers", "group.id"):
         if not isinstance(body[key], str) or not body[key]:

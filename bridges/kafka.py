@@ -288,9 +288,13 @@ class Bridge:
         for index, error in refused:
             record = batch.sources[index]
             batch.dead.append(
-                DeadLetter(record.value(), record.key(),
-                           f"{record.topic()}/{record.partition()}/{record.offset()}",
-                           f"broker:{error.code}", error.text)
+                DeadLetter(
+                    record.value(),
+                    record.key(),
+                    f"{record.topic()}/{record.partition()}/{record.offset()}",
+                    f"broker:{error.code}",
+                    error.text,
+                )
             )
         if batch.dead:
             await send_dead_letters(
@@ -366,8 +370,6 @@ class Bridge:
 async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
-
-
 
 
 async def run_bridge(config: BridgeConfig) -> None:

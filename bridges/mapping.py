@@ -453,9 +453,7 @@ def _slow_value(value: Any, p: _Placeholder) -> str:
                 BAD_VALUE, f"field {p.path!r} is bytes that are not valid UTF-8", p.path
             ) from None
     elif isinstance(value, (Mapping, list)) or cls is tuple:
-        raise MappingError(
-            NOT_SCALAR, f"field {p.path!r} is {_kind(value)}, not a scalar", p.path
-        )
+        raise MappingError(NOT_SCALAR, f"field {p.path!r} is {_kind(value)}, not a scalar", p.path)
     else:
         raise MappingError(
             BAD_VALUE, f"field {p.path!r} is {_kind(value)}, which has no topic form", p.path

@@ -244,9 +244,7 @@ class ClientConnection:
                 durable, present = await broker.open_durable(frame.client_id)
         except StoreError as exc:
             broker.counters.store_errors += 1
-            await self._refuse(
-                RemoteProtocolError(ErrorCode.INTERNAL, f"storage failed: {exc}")
-            )
+            await self._refuse(RemoteProtocolError(ErrorCode.INTERNAL, f"storage failed: {exc}"))
             return None
         if frame.group is not None:
             session = broker.open_session(frame.client_id)
@@ -580,9 +578,7 @@ class ClientConnection:
                 self._later.append((self._store_ack, (session, frame.seq)))
         elif cls is Sessions:
             assert isinstance(frame, Sessions)
-            session.send_control(
-                send(SessionsReply(id=frame.id, sessions=broker.sessions_info()))
-            )
+            session.send_control(send(SessionsReply(id=frame.id, sessions=broker.sessions_info())))
         elif cls is DropSession:
             assert isinstance(frame, DropSession)
             self._later.append((self._drop_session, (session, frame)))

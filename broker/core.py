@@ -391,7 +391,11 @@ class Broker:
         self.counters.messages_in += 1
         self.counters.bytes_in += message.size
         return self._route(
-            message.topic, message.payload, message.headers, message.msg_id, publisher_msg_id,
+            message.topic,
+            message.payload,
+            message.headers,
+            message.msg_id,
+            publisher_msg_id,
             message,
         )
 

@@ -126,8 +126,10 @@ class PeerLink:
     def send_event(self, data: bytes, size: int) -> bool:
         """Queue a FWD; False (dropped) when the queue is past its bounds."""
         config = self.peering.config
-        if self._closing is not None or self._events >= config.peer_queue_messages or (
-            self._event_bytes + size > config.peer_queue_bytes and self._events
+        if (
+            self._closing is not None
+            or self._events >= config.peer_queue_messages
+            or (self._event_bytes + size > config.peer_queue_bytes and self._events)
         ):
             self.dropped += 1
             return False
@@ -186,7 +188,9 @@ class PeerLink:
                 self.peering.link_closed(self)  # no new frames for it from here on
                 if reason is not None and not self._broken and self._may_say_error():
                     log.info(
-                        "peer link closing", peer=self.peer_id, code=str(reason.code),
+                        "peer link closing",
+                        peer=self.peer_id,
+                        code=str(reason.code),
                         why=reason.text,
                     )
                     self._closing = reason
@@ -226,7 +230,9 @@ class PeerLink:
                     return None
                 if isinstance(event, Error) and event.closes_connection:
                     log.info(
-                        "peer closed the link", peer=self.peer_id, code=event.code,
+                        "peer closed the link",
+                        peer=self.peer_id,
+                        code=event.code,
                         text=event.text,
                     )
                     return None  # it said why; nothing more to read or to answer
@@ -457,9 +463,7 @@ class Peering:
                 self._pulse()
         elif cls is RouteRequest:
             assert isinstance(frame, RouteRequest)
-            self.dispatch(
-                self.exchange.receive_request(link.peer_id, RequestMessage(frame.origin))
-            )
+            self.dispatch(self.exchange.receive_request(link.peer_id, RequestMessage(frame.origin)))
         elif cls is Ping:
             assert isinstance(frame, Ping)
             link.send_frame(Pong(id=frame.id))

@@ -281,9 +281,7 @@ class Session:
             self.backlog_bytes -= size
 
     def would_overflow(self, size: int, max_messages: int, max_bytes: int) -> bool:
-        return (
-            self.backlog_messages + 1 > max_messages or self.backlog_bytes + size > max_bytes
-        )
+        return self.backlog_messages + 1 > max_messages or self.backlog_bytes + size > max_bytes
 
     def trim_to(self, max_messages: int, max_bytes: int) -> tuple[int, int]:
         """Drop the oldest until within quota: (last seq dropped, how many), or (0, 0)."""

@@ -451,9 +451,7 @@ class _SqliteBackend:
             return None
         return outcomes
 
-    def _run_isolated(
-        self, works: Sequence[_Work], before: _RowCounts
-    ) -> list[_Outcome] | None:
+    def _run_isolated(self, works: Sequence[_Work], before: _RowCounts) -> list[_Outcome] | None:
         """Each operation in its own savepoint, so a failing one is rolled back alone;
         None when the whole transaction was lost."""
         conn = self.conn

@@ -143,8 +143,7 @@ def _native_level(text: str, i: int, level: str) -> Token:
     if ">" in level:
         raise TopicError(f"filter {text!r}: '>' must be a whole level, found {where}")
     raise TopicError(
-        f"filter {text!r}: '*' must be a whole level or the last character of one, "
-        f"found {where}"
+        f"filter {text!r}: '*' must be a whole level or the last character of one, found {where}"
     )
 
 

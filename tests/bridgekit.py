@@ -92,9 +92,7 @@ def json_values(records: Iterable[dict[str, Any]]) -> Iterator[bytes]:
         yield json.dumps(record).encode()
 
 
-def read_all(
-    tansu: Tansu, topic: str, expected: int, *, timeout: float = 15
-) -> list[Any]:
+def read_all(tansu: Tansu, topic: str, expected: int, *, timeout: float = 15) -> list[Any]:
     """Every record of ``topic`` (all partitions, from the start) once ``expected`` arrived."""
     from confluent_kafka import Consumer, TopicPartition
 

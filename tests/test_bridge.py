@@ -96,9 +96,7 @@ async def test_each_subscriber_gets_exactly_its_events_and_the_rest_are_dropped_
     assert broker_stats["messages_in"] == wanted
 
 
-async def test_events_of_one_partition_arrive_in_kafka_order(
-    tansu: Tansu, topic_name: str
-) -> None:
+async def test_events_of_one_partition_arrive_in_kafka_order(tansu: Tansu, topic_name: str) -> None:
     tansu.create_topic(topic_name, 2)
     records = [beacon(i) for i in range(N)]
     keys = [str(i % 2).encode() for i in range(N)]
@@ -143,9 +141,7 @@ async def test_malformed_records_go_to_the_dead_letter_topic_with_their_reason(
                 await collect(sub, 2, got)
                 await wait_until(lambda: bridge.counters.dead_lettered == len(bad) + 1)
                 stats = bridge.stats()
-    dead = await trio.to_thread.run_sync(
-        lambda: read_all(tansu, f"{topic_name}.dlq", len(bad) + 1)
-    )
+    dead = await trio.to_thread.run_sync(lambda: read_all(tansu, f"{topic_name}.dlq", len(bad) + 1))
     assert len(dead) == len(bad) + 1
     reasons = {}
     for record in dead:
@@ -178,9 +174,7 @@ async def test_msgpack_values_are_decoded_like_json(tansu: Tansu, topic_name: st
 async def test_values_cannot_inject_levels_or_wildcards(tansu: Tansu, topic_name: str) -> None:
     tansu.create_topic(topic_name, 1)
     sneaky = {**beacon(0), "site": "a/b/>", "section": "*"}
-    await trio.to_thread.run_sync(
-        lambda: produce(tansu, topic_name, [json.dumps(sneaky).encode()])
-    )
+    await trio.to_thread.run_sync(lambda: produce(tansu, topic_name, [json.dumps(sneaky).encode()]))
     async with running_broker() as server, connect(server_text(server)) as client:
         async with client.subscribe("beacon/*/*/*/*/*") as sub:
             async with running_bridge(bridge_config(tansu, server_text(server), topic_name)):

@@ -43,8 +43,18 @@ def free_port() -> int:
 
 def start_broker(port: int, data_dir: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "serve", "--port", str(port),
-         "--data-dir", str(data_dir), "--log-format", "json"],
+        [
+            sys.executable,
+            "-m",
+            "broker.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--log-format",
+            "json",
+        ],
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 15

@@ -236,9 +236,7 @@ def test_a_delta_that_skips_a_sequence_number_is_a_gap_and_asks_for_a_snapshot()
     node.link_up("p", BROKER, {})
     node.receive_update("p", Update("o", 5, 1, snapshot=True, neighbors=frozenset()))
     out = node.receive_update("p", Update("o", 5, 3, add=filters("x")))
-    assert [(peer, type(m).__name__, m.origin) for peer, m in out] == [
-        ("p", "RouteRequest", "o")
-    ]
+    assert [(peer, type(m).__name__, m.origin) for peer, m in out] == [("p", "RouteRequest", "o")]
     assert node.table.wanting("x") == frozenset()
 
 
@@ -365,9 +363,7 @@ def test_random_meshes_deliver_exactly_once_along_shortest_paths(seed: int, size
         got = sorted(e for e, _topic in mesh.delivered[node])
         should = sorted(
             e
-            for e, (publisher, topic) in enumerate(
-                ((p, t) for p in ids for t in topics), start=1
-            )
+            for e, (publisher, topic) in enumerate(((p, t) for p in ids for t in topics), start=1)
             if node in wants[topic] and publisher != node
         )
         assert got == should

@@ -489,8 +489,10 @@ def scalars() -> st.SearchStrategy[Any]:
 def json_like(leaves: st.SearchStrategy[Any] | None = None) -> st.SearchStrategy[Any]:
     return st.recursive(
         scalars() if leaves is None else leaves,
-        lambda children: st.lists(children, max_size=4)
-        | st.dictionaries(st.text(max_size=5), children, max_size=4),
+        lambda children: (
+            st.lists(children, max_size=4)
+            | st.dictionaries(st.text(max_size=5), children, max_size=4)
+        ),
         max_leaves=12,
     )
 

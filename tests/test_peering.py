@@ -268,8 +268,9 @@ def fwd(dests: list[str], **fields: object) -> bytes:
     return frame(msgpack.packb(body, use_bin_type=True))
 
 
-async def test_a_forwarded_event_with_a_publisher_id_is_delivered_once_however_often_it_comes(
-) -> None:
+async def test_a_forwarded_event_with_a_publisher_id_is_delivered_once_however_often_it_comes() -> (
+    None
+):
     async with running_broker(server_id="a", **FAST) as a:
         peer = await fake_peer(a)
         async with connect(server_text(a)) as client, client.subscribe("t/>") as sub:
@@ -333,8 +334,7 @@ async def test_shutting_down_a_broker_takes_its_routes_out_of_its_peers_tables()
         assert split.by_hop == {}
 
 
-async def test_a_link_the_peer_closed_with_an_error_is_forgotten_before_its_socket_closes(
-) -> None:
+async def test_a_link_the_peer_closed_with_an_error_is_forgotten_before_its_socket_closes() -> None:
     async with running_broker(server_id="a", **FAST) as a:
         peer = await fake_peer(a)
         error = {"type": "ERROR", "code": "IDLE_TIMEOUT", "text": "nothing heard"}
@@ -345,7 +345,6 @@ async def test_a_link_the_peer_closed_with_an_error_is_forgotten_before_its_sock
                 await trio.sleep(0.05)
             assert (await client.stats())["connections"] >= 1  # still serving
         await peer.aclose()
-
 
 
 async def test_a_broker_that_only_receives_on_a_link_still_pings_so_its_peer_hears_it() -> None:

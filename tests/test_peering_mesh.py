@@ -252,8 +252,6 @@ async def wait_all(run: RingRun, nodes: list[str], start: int, end: int) -> None
         assert not missing, f"{node} lacks {len(missing)} events of {start}..{end - 1}: {missing}"
 
 
-
-
 async def ring_failure(pool: MeshPool, victim: str, how: str) -> None:
     """``how``: "kill" (SIGKILL, then restart) or "stop" (SIGSTOP, then SIGCONT)."""
     mesh = await pool.get("ring4")

@@ -72,14 +72,10 @@ async def test_a_subscription_storm_converges_and_the_other_brokers_keep_answeri
         try:
             host, port = mesh.address("a").rsplit(":", 1)
             storm = await RawClient.open((host, int(port)))
-            subs = [
-                {"type": "SUB", "id": i, "filter": f"storm/{i}/x/>"} for i in range(STORM)
-            ]
+            subs = [{"type": "SUB", "id": i, "filter": f"storm/{i}/x/>"} for i in range(STORM)]
             acks = await pipelined(storm, subs, "SUBACK")
             await wait_count(mesh, ["b", "c"], STORM)
-            unsubs = [
-                {"type": "UNSUB", "id": i, "sub": ack["sub"]} for i, ack in enumerate(acks)
-            ]
+            unsubs = [{"type": "UNSUB", "id": i, "sub": ack["sub"]} for i, ack in enumerate(acks)]
             await pipelined(storm, unsubs, "UNSUBACK")
             await wait_count(mesh, ["b", "c"], 0)
             await storm.aclose()

@@ -24,8 +24,14 @@ def rows(count: int, start: int = 0) -> list[tuple]:
     for n in range(start, start + count):
         region = ("eu", "us")[n % 2]
         out.append(
-            (f"beacon/{region}/x/site{n % 3}/home/view", json.dumps({"n": n}).encode(),
-             f"kafka/t/0/{n}", None, None, f"t/0/{n}")
+            (
+                f"beacon/{region}/x/site{n % 3}/home/view",
+                json.dumps({"n": n}).encode(),
+                f"kafka/t/0/{n}",
+                None,
+                None,
+                f"t/0/{n}",
+            )
         )
     return out
 
@@ -124,7 +130,10 @@ async def test_malformed_rows_go_to_the_dead_letter_topic(
         async with connect(server_text(server)) as client, client.subscribe("beacon/>") as sub:
             await trio.to_thread.run_sync(
                 lambda: write(
-                    spark, data, server=server_text(server), dead_letter_topic=dlq,
+                    spark,
+                    data,
+                    server=server_text(server),
+                    dead_letter_topic=dlq,
                     **{"kafka.bootstrap.servers": tansu.bootstrap},
                 )
             )

@@ -29,9 +29,7 @@ class WantedFilters:
 
 
 class RouteFeed:
-    def __init__(
-        self, server: str, *, observer_id: str, secret: str | None = None
-    ) -> None:
+    def __init__(self, server: str, *, observer_id: str, secret: str | None = None) -> None:
         self.watcher = RouteWatcher(server, observer_id=observer_id, secret=secret)
         self._token: trio.lowlevel.TrioToken | None = None
         self._started = threading.Event()
