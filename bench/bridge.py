@@ -104,7 +104,7 @@ import tempfile
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,7 @@ from bench.e2e import (  # noqa: E402
     scan_log,
     stop_broker,
 )
+from bench.kafkaload import produce_confirmed  # noqa: E402
 from bridges.config import KAFKA_DEFAULTS  # noqa: E402
 from bridges.tansu import Tansu, TansuUnavailable, start_tansu  # noqa: E402
 from broker.frames import Error, Pong, Sub, SubAck  # noqa: E402
@@ -159,7 +160,6 @@ BATCH_MAX = 5000  # the bridge's default batch_max: the flat consumer reads batc
 PREFETCH_KBYTES = KAFKA_DEFAULTS["queued.max.messages.kbytes"]
 KEEPALIVE = 600.0  # the subscriber only reads
 RECEIVE_SIZE = 256 * 1024
-PRODUCE_TIMEOUT = 120.0
 FIRST_DELIVERY_TIMEOUT = 60.0  # bridge start-up, route table and group join
 IDLE_TIMEOUT = 15.0  # no delivery for this long after the first: give up
 RUN_TIMEOUT = 600.0  # one bridge run, all in
@@ -213,55 +213,18 @@ def stream_plan(events: int, partitions: int = PARTITIONS) -> list[tuple[int, st
 
 def produce(tansu: Tansu, events: int) -> dict[str, Any]:
     """Create the topics and produce the stream; returns where each record went."""
-    from confluent_kafka import Producer
-
     tansu.create_topic(TOPIC, PARTITIONS)
     tansu.create_topic(DEAD_LETTER_TOPIC, 1)
     plan = stream_plan(events)
-    placed: list[tuple[int, int] | None] = [None] * len(plan)
-    errors: list[str] = []
-
-    def delivered(index: int) -> Callable[[Any, Any], None]:
-        def report(error: Any, message: Any) -> None:
-            if error is not None:
-                errors.append(str(error))
-            else:
-                placed[index] = (message.partition(), message.offset())
-
-        return report
-
-    producer = Producer(
-        {
-            "bootstrap.servers": tansu.bootstrap,
-            "linger.ms": 20,
-            "batch.size": 1_000_000,
-            "queue.buffering.max.kbytes": 262_144,
-            "acks": "all",
-            "log_level": 0,
-        }
-    )
     offsets = [0] * PARTITIONS
-    started = time.monotonic()
-    deadline = started + PRODUCE_TIMEOUT
-    for index, (partition, site) in enumerate(plan):
-        value = event_value(index, offsets[partition], site)
-        offsets[partition] += 1
-        while True:
-            try:
-                producer.produce(TOPIC, value, partition=partition, on_delivery=delivered(index))
-                break
-            except BufferError:
-                producer.poll(0.05)
-                if time.monotonic() > deadline:
-                    raise BenchError("producing took too long (local queue full)") from None
-        producer.poll(0)
-    remaining = producer.flush(max(1.0, deadline - time.monotonic()))
-    seconds = time.monotonic() - started
-    if remaining or errors:
-        raise BenchError(f"produce: {remaining} unconfirmed, {len(errors)} failed: {errors[:3]}")
-    where = [p for p in placed if p is not None]
-    if len(where) != len(plan):
-        raise BenchError(f"produce: {len(plan) - len(where)} records without a delivery report")
+
+    def values() -> Iterator[bytes]:
+        for index, (partition, site) in enumerate(plan):
+            yield event_value(index, offsets[partition], site)
+            offsets[partition] += 1
+
+    produced = produce_confirmed(tansu, TOPIC, [p for p, _site in plan], values())
+    where, seconds = produced.placed, produced.seconds
     log_end = [tansu.log_end(TOPIC, p) for p in range(PARTITIONS)]
     if sum(log_end) != events:
         raise BenchError(f"produce: log ends {log_end} sum to {sum(log_end)}, not {events}")

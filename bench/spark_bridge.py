@@ -137,6 +137,7 @@ from bench.e2e import (  # noqa: E402
     scan_log,
     stop_broker,
 )
+from bench.kafkaload import produce_confirmed  # noqa: E402
 from bridges.config import SparkSettings  # noqa: E402
 from bridges.spark.session import FAST_JVM  # noqa: E402
 from bridges.tansu import Tansu, TansuUnavailable, start_tansu  # noqa: E402
@@ -150,7 +151,6 @@ RECEIVE_SIZE = 256 * 1024
 LIVE_LINGER_MS = 1
 SAMPLE_EVERY = 0.25  # seconds between CPU samples
 TS_PLACEHOLDER = 10**15  # 16 digits, as time.time() in microseconds until 2286
-PRODUCE_TIMEOUT = 120.0
 FIRST_DELIVERY_TIMEOUT = 120.0  # JVM and SparkSession start on a busy 2-core machine
 IDLE_TIMEOUT = 60.0  # no delivery for this long (mid-stream): give up
 PHASE_TIMEOUT = 600.0
@@ -280,59 +280,19 @@ def produce(
 ) -> dict[str, Any]:
     """Produce ``values`` to the planned partitions (paced to ``rate`` records/s if given,
     with the produce time in ``ts`` if ``stamp``); every record must land at its offset."""
-    from confluent_kafka import Producer
-
-    placed: list[tuple[int, int] | None] = [None] * len(plan)
-    errors: list[str] = []
-
-    def delivered(index: int) -> Callable[[Any, Any], None]:
-        def report(error: Any, message: Any) -> None:
-            if error is not None:
-                errors.append(str(error))
-            else:
-                placed[index] = (message.partition(), message.offset())
-
-        return report
-
-    producer = Producer(
-        {
-            "bootstrap.servers": tansu.bootstrap,
-            "linger.ms": LIVE_LINGER_MS if rate else 20,
-            "batch.size": 1_000_000,
-            "queue.buffering.max.kbytes": 262_144,
-            "acks": "all",
-            "log_level": 0,
-        }
-    )
     placeholder = b'"ts":%d,' % TS_PLACEHOLDER
-    started = time.monotonic()
-    deadline = started + PRODUCE_TIMEOUT + (len(plan) / rate if rate else 0)
-    due = 0  # records the schedule allows so far
-    for index, ((partition, _offset, _site), value) in enumerate(zip(plan, values, strict=True)):
-        while rate is not None and index >= due:
-            due = int((time.monotonic() - started) * rate) + 1
-            if index >= due:
-                producer.poll(0)
-                time.sleep(0.002)
-        if stamp:
-            value = value.replace(placeholder, b'"ts":%d,' % (time.time_ns() // 1000), 1)
-        while True:
-            try:
-                producer.produce(topic, value, partition=partition, on_delivery=delivered(index))
-                break
-            except BufferError:
-                producer.poll(0.05)
-                if time.monotonic() > deadline:
-                    raise BenchError("producing took too long (local queue full)") from None
-        producer.poll(0)
-    produced = time.monotonic()
-    remaining = producer.flush(max(1.0, deadline - time.monotonic()))
-    if remaining or errors:
-        raise BenchError(f"produce: {remaining} unconfirmed, {len(errors)} failed: {errors[:3]}")
-    for (partition, offset, _site), where in zip(plan, placed, strict=True):
+
+    def stamped(value: bytes) -> bytes:
+        return value.replace(placeholder, b'"ts":%d,' % (time.time_ns() // 1000), 1)
+
+    produced = produce_confirmed(
+        tansu, topic, [partition for partition, _offset, _site in plan], values, rate=rate,
+        linger_ms=LIVE_LINGER_MS if rate else 20, before_send=stamped if stamp else None,
+    )  # fmt: skip
+    for (partition, offset, _site), where in zip(plan, produced.placed, strict=True):
         if where != (partition, offset):
             raise BenchError(f"produce: a record for {partition}/{offset} landed at {where}")
-    seconds = produced - started
+    seconds = produced.sending_seconds
     return {"records": len(plan), "seconds": round(seconds, 3),
             "per_second": round(len(plan) / seconds) if seconds > 0 else None}  # fmt: skip
 
