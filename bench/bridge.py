@@ -117,6 +117,7 @@ import msgpack  # noqa: E402
 import trio  # noqa: E402
 
 from bench.common import machine_info as common_machine_info  # noqa: E402
+from bench.common import print_ending, write_report  # noqa: E402
 from bench.e2e import (  # noqa: E402
     BenchError,
     BrokerProcess,
@@ -983,16 +984,8 @@ def main(argv: list[str] | None = None) -> int:
     if "produce" in report:
         p = report["produce"]
         print(f"produced in {p['seconds']:.2f} s ({p['per_second']:,}/s); log ends {p['log_end']}")
-    print(
-        f"load average at end {' '.join(f'{x:.2f}' for x in report['load_average_end'])}; "
-        f"total {report['elapsed_seconds']:.1f} s"
-    )
-    print()
-    for goal in report["goals"]:
-        note = f" ({goal['note']})" if "note" in goal else ""
-        print(f"check  {goal['status']:<12} {goal['goal']}: {goal['value']}{note}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print_ending(report)
+    write_report(report, args.json)
     return 0 if ok else 1
 
 

@@ -1,9 +1,11 @@
-"""What every benchmark reports about the machine it ran on."""
+"""What every benchmark reports: the machine it ran on, and how its report ends."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +39,23 @@ def file_system(path: Path) -> str | None:
     except OSError:
         return None
     return kind
+
+
+def print_ending(report: dict[str, Any], shown: Callable[[Any], str] = str) -> None:
+    """The lines a benchmark ends with: load and total time, a line per goal, the notes."""
+    load = " ".join(f"{x:.2f}" for x in report["load_average_end"])
+    print(f"load average at end {load}; total {report['elapsed_seconds']:.1f} s")
+    print()
+    for goal in report["goals"]:
+        note = f" ({goal['note']})" if "note" in goal else ""
+        print(f"check  {goal['status']:<12} {goal['goal']}: {shown(goal['value'])}{note}")
+    if report.get("notes"):
+        print()
+        for line in report["notes"]:
+            print(f"note   {line}")
+
+
+def write_report(report: dict[str, Any], path: str | Path | None) -> None:
+    """The report as JSON at ``path`` (--json), if one was given."""
+    if path:
+        Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

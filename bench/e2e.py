@@ -129,7 +129,11 @@ import msgpack  # noqa: E402
 import trio  # noqa: E402
 
 from bench import workload  # noqa: E402
-from bench.common import file_system  # noqa: E402
+from bench.common import (  # noqa: E402
+    file_system,
+    print_ending,
+    write_report,
+)
 from bench.common import machine_info as common_machine_info  # noqa: E402
 from broker.client import BrokerError, connect  # noqa: E402
 from broker.frames import (  # noqa: E402
@@ -1947,6 +1951,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _goal_value(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.3f}" if value < 100 else f"{value:,.0f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     params = dict(QUICK if args.quick else FULL)
@@ -2020,22 +2028,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in cpu_lines(report):
         print(line)
-    print(
-        f"load average at end {' '.join(f'{x:.2f}' for x in report['load_average_end'])}; "
-        f"total {report['elapsed_seconds']:.1f} s"
-    )
-    print()
-    for goal in report["goals"]:
-        value = goal["value"]
-        shown = "-" if value is None else f"{value:,.3f}" if value < 100 else f"{value:,.0f}"
-        note = f" ({goal['note']})" if "note" in goal else ""
-        print(f"check  {goal['status']:<12} {goal['goal']}: {shown}{note}")
-    if report["notes"]:
-        print()
-        for line in report["notes"]:
-            print(f"note   {line}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print_ending(report, _goal_value)
+    write_report(report, args.json)
     return 1 if failed else 0
 
 

@@ -104,6 +104,7 @@ import msgpack  # noqa: E402
 import trio  # noqa: E402
 
 from bench.common import machine_info as common_machine_info  # noqa: E402
+from bench.common import print_ending, write_report  # noqa: E402
 from bench.e2e import BenchError, Worker, cpu_seconds, free_port, open_raw  # noqa: E402
 from broker.client import BrokerError, Client, ConnectionLost, ProtocolError, connect  # noqa: E402
 from broker.frames import Error, Pong, Sub, SubAck  # noqa: E402
@@ -1569,20 +1570,8 @@ def main(argv: list[str] | None = None) -> int:
         "failure detection: a killed broker's sockets are closed by the kernel (EOF at once), "
         f"a stopped one is found by the keepalive (silence > 3 x {PEERING['keepalive']:g} s)"
     )
-    print(
-        f"load average at end {' '.join(f'{x:.2f}' for x in report['load_average_end'])}; "
-        f"total {report['elapsed_seconds']:.1f} s"
-    )
-    print()
-    for goal in report["goals"]:
-        note = f" ({goal['note']})" if "note" in goal else ""
-        print(f"check  {goal['status']:<12} {goal['goal']}: {goal['value']}{note}")
-    if report["notes"]:
-        print()
-        for line_text in report["notes"]:
-            print(f"note   {line_text}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print_ending(report)
+    write_report(report, args.json)
     return 0 if ok else 1
 
 

@@ -127,6 +127,7 @@ from bench.bridge import (  # noqa: E402
     write_broker_config,
 )
 from bench.bridge import machine_info as bridge_machine_info  # noqa: E402
+from bench.common import print_ending, write_report  # noqa: E402
 from bench.e2e import (  # noqa: E402
     BenchError,
     BrokerProcess,
@@ -1384,16 +1385,8 @@ def main(argv: list[str] | None = None) -> int:
     for v in report["filter_verdict"]:
         print(f"filter {v['label']} x{v['filters']:,}: table {_fmt(v['table'])}, regex "
               f"{_fmt(v['regex'])} events/s: {v['faster'] or '?'} faster")  # fmt: skip
-    print(
-        f"load average at end {' '.join(f'{x:.2f}' for x in report['load_average_end'])}; "
-        f"total {report['elapsed_seconds']:.1f} s"
-    )
-    print()
-    for goal in report["goals"]:
-        note = f" ({goal['note']})" if "note" in goal else ""
-        print(f"check  {goal['status']:<12} {goal['goal']}: {goal['value']}{note}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print_ending(report)
+    write_report(report, args.json)
     return 0 if ok else 1
 
 
