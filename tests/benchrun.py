@@ -69,3 +69,17 @@ def run_quick(
         return run.result()
     finally:
         run.abort()
+
+
+def still_running(pid: int, *programs: bytes) -> bool:
+    """Whether ``pid`` is a live process whose command line names one of ``programs`` (a
+    zombie, or a pid the kernel reused for another program, is not): what a benchmark must
+    not leave behind."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z" and any(program in cmdline for program in programs)

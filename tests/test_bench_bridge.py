@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.benchrun import ROOT, run_quick
+from tests.benchrun import ROOT, run_quick, still_running
 
 pytest.importorskip("confluent_kafka")
 
@@ -33,16 +33,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
     return run_quick(SCRIPT, tmp_path_factory.mktemp("bench") / "bridge.json")
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live broker, bridge or Tansu (a zombie or a reused pid is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z" and (b"broker.cli" in cmdline or b"tansu" in cmdline)
+OURS = (b"broker.cli", b"tansu")  # what the run starts
 
 
 def test_quick_run_counts_exactly_on_both_paths(quick_run: tuple) -> None:
@@ -96,4 +87,4 @@ def test_quick_run_leaves_no_process_behind(quick_run: tuple) -> None:
         pids += [run["bridge"]["broker_pid"], run["bridge"]["bridge_pid"]]
     assert len(pids) == 7
     for pid in pids:
-        assert not _running(pid), pid
+        assert not still_running(pid, *OURS), pid

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchrun import run_quick
+from tests.benchrun import run_quick, still_running
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "e2e.py"
@@ -28,18 +28,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
     return run_quick(SCRIPT, tmp_path_factory.mktemp("bench") / "e2e.json")
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie or a reused pid of another program is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    if state == "Z":
-        return False
-    return b"broker.cli" in cmdline or b"multiprocessing" in cmdline or b"e2e" in cmdline
+OURS = (b"broker.cli", b"multiprocessing", b"e2e")  # what the run starts
 
 
 def test_quick_run_writes_every_scenario(quick_run: tuple) -> None:
@@ -133,7 +122,7 @@ def test_quick_run_leaves_no_process_behind(quick_run: tuple) -> None:
     for name, result in report["scenarios"].items():
         pids = [result["broker_pid"], *result.get("worker_pids", [])]
         for pid in pids:
-            assert not _running(pid), (name, pid)
+            assert not still_running(pid, *OURS), (name, pid)
         assert result["broker_stop"]["killed"] is False
         assert result["broker_stop"]["exit_status"] == 0
         assert os.path.basename(result["broker_log"]).startswith(name)

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.benchrun import ROOT, run_quick
+from tests.benchrun import ROOT, run_quick, still_running
 
 SCRIPT = ROOT / "bench" / "peers.py"
 QUICK_EVENTS = 2_000
@@ -22,16 +22,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
     return run_quick(SCRIPT, tmp_path_factory.mktemp("bench") / "peers.json")
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live broker or worker (a zombie or a reused pid is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z" and (b"broker.cli" in cmdline or b"multiprocessing" in cmdline)
+OURS = (b"broker.cli", b"multiprocessing")  # what the run starts
 
 
 def test_quick_run_reports_throughput_and_one_frame_per_link(quick_run: tuple) -> None:
@@ -109,7 +100,7 @@ def test_quick_run_leaves_no_process_behind(quick_run: tuple) -> None:
     for setup in ("single", "line"):
         pids += report["throughput"][setup]["worker_pids"]
     for pid in pids:
-        assert not _running(pid), pid
+        assert not still_running(pid, *OURS), pid
     crashes = report["convergence"]["crashes"]  # reported, not asserted: see the docs
     for cluster, stops in report["broker_stops"].items():
         for name, entries in stops.items():

@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from tests.benchrun import ROOT, QuickRun
+from tests.benchrun import ROOT, QuickRun, still_running
 
 pytest.importorskip("confluent_kafka")
 
@@ -39,16 +39,7 @@ def quick_run(spark_bench_quick_run: QuickRun | str) -> tuple[subprocess.Complet
     return spark_bench_quick_run.result()
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process of ours (a zombie or a reused pid is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z" and any(x in cmdline for x in (b"broker.cli", b"tansu", b"pyspark"))
+OURS = (b"broker.cli", b"tansu", b"pyspark")  # what the run starts
 
 
 def test_quick_run_counts_exactly_in_both_phases(quick_run: tuple) -> None:
@@ -118,7 +109,7 @@ def test_quick_run_leaves_no_process_behind(quick_run: tuple) -> None:
         pids += [run["broker_pid"], run["pipeline_pid"], *run["pipeline_tree"]]
     assert len(report["runs"]["table-10"]["pipeline_tree"]) >= 3  # driver, JVM, workers
     for pid in pids:
-        assert not _running(pid), pid
+        assert not still_running(pid, *OURS), pid
 
 
 def test_a_full_run_uses_the_bridges_default_batch_size_and_small_runs_a_quarter() -> None:
