@@ -116,8 +116,8 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository r
 import msgpack  # noqa: E402
 import trio  # noqa: E402
 
+from bench.common import goal_line, print_ending, write_report  # noqa: E402
 from bench.common import machine_info as common_machine_info  # noqa: E402
-from bench.common import print_ending, write_report  # noqa: E402
 from bench.e2e import (  # noqa: E402
     BenchError,
     BrokerProcess,
@@ -794,8 +794,7 @@ def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
     goals: list[dict[str, Any]] = []
 
     def add(goal: str, value: Any, met: bool | None) -> None:
-        status = "not measured" if met is None else ("PASS" if met else "FAIL")
-        goals.append({"goal": goal, "value": value, "status": status})
+        goals.append(goal_line(goal, value, met))
 
     for label, run in report["runs"].items():
         b = run.get("bridge") or {}

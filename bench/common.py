@@ -59,3 +59,9 @@ def write_report(report: dict[str, Any], path: str | Path | None) -> None:
     """The report as JSON at ``path`` (--json), if one was given."""
     if path:
         Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def goal_line(goal: str, value: Any, met: bool | None) -> dict[str, Any]:
+    """One entry of a report's "goals": PASS, FAIL, or "not measured" when ``met`` is None."""
+    status = "not measured" if met is None else ("PASS" if met else "FAIL")
+    return {"goal": goal, "value": value, "status": status}

@@ -131,6 +131,7 @@ import trio  # noqa: E402
 from bench import workload  # noqa: E402
 from bench.common import (  # noqa: E402
     file_system,
+    goal_line,
     print_ending,
     write_report,
 )
@@ -1733,8 +1734,7 @@ def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
     goals: list[dict[str, Any]] = []
 
     def add(goal: str, value: Any, met: bool | None) -> None:
-        status = "not measured" if met is None else ("PASS" if met else "FAIL")
-        goals.append({"goal": goal, "value": value, "status": status})
+        goals.append(goal_line(goal, value, met))
 
     wild = scenarios.get("wild-1k", {}).get("throughput", {})
     value = wild.get("delivered_per_second")

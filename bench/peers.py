@@ -103,8 +103,8 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository r
 import msgpack  # noqa: E402
 import trio  # noqa: E402
 
+from bench.common import goal_line, print_ending, write_report  # noqa: E402
 from bench.common import machine_info as common_machine_info  # noqa: E402
-from bench.common import print_ending, write_report  # noqa: E402
 from bench.e2e import BenchError, Worker, cpu_seconds, free_port, open_raw  # noqa: E402
 from broker.client import BrokerError, Client, ConnectionLost, ProtocolError, connect  # noqa: E402
 from broker.frames import Error, Pong, Sub, SubAck  # noqa: E402
@@ -1269,8 +1269,7 @@ def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
     goals: list[dict[str, Any]] = []
 
     def add(goal: str, value: Any, met: bool | None) -> None:
-        status = "not measured" if met is None else ("PASS" if met else "FAIL")
-        goals.append({"goal": goal, "value": value, "status": status})
+        goals.append(goal_line(goal, value, met))
 
     control = report["parameters"].get("control_keepalive")
     for frames_key, key, suffix in (

@@ -127,7 +127,7 @@ from bench.bridge import (  # noqa: E402
     write_broker_config,
 )
 from bench.bridge import machine_info as bridge_machine_info  # noqa: E402
-from bench.common import print_ending, write_report  # noqa: E402
+from bench.common import goal_line, print_ending, write_report  # noqa: E402
 from bench.e2e import (  # noqa: E402
     BenchError,
     BrokerProcess,
@@ -1122,8 +1122,7 @@ def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
     quick = report["parameters"]["quick"]
 
     def add(goal: str, value: Any, met: bool | None) -> None:
-        status = "not measured" if met is None else ("PASS" if met else "FAIL")
-        goals.append({"goal": goal, "value": value, "status": status})
+        goals.append(goal_line(goal, value, met))
 
     for name, run in report["runs"].items():
         t = run.get("throughput", {})
