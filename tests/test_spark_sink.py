@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import trio
 
 from bridges.tansu import Tansu
 from broker.client import connect
+from broker.config import BrokerConfig
+from broker.server import run_broker
 from tests.bridgekit import read_all
 from tests.conftest import running_broker
 
@@ -143,3 +146,53 @@ async def test_malformed_rows_go_to_the_dead_letter_topic(
     headers = dict(dead[0].headers())
     assert headers["topiary.reason"] == b"decode"
     assert headers["topiary.source"] == b"t/0/9"
+
+
+async def test_a_write_waits_out_a_broker_that_is_down_and_publishes_every_row_once_back(
+    spark, tmp_path: Path
+) -> None:
+    """A streaming job outlives a broker restart: tasks that find no broker retry with
+    backoff instead of failing the batch (a failed task fails the query on local[N])."""
+    data_dir = str(tmp_path / "data")
+    async with trio.open_nursery() as nursery:
+        first = await nursery.start(run_broker, BrokerConfig(port=0, data_dir=data_dir))
+        port = first.addresses[0][1]
+        address = f"127.0.0.1:{port}"
+        async with (
+            connect(address, client_id="keeper", durable=True, reconnect=True,
+                    backoff=(0.05, 0.2)) as client,
+            client.subscribe("beacon/>") as sub,
+        ):  # fmt: skip
+            # Warm Python workers, so the write below reaches the broker within ~0.1 s of
+            # its tasks starting: they look for it while it is down.
+            warm = rows(10, start=1000)
+            await trio.to_thread.run_sync(lambda: write(spark, warm, server=address))
+            await client.ack((await take(sub, 10))[-1].seq)  # not to come again after the restart
+            first.shutdown()
+            with trio.fail_after(5):
+                while client._connected.is_set():
+                    await trio.sleep(0.01)
+            written = trio.Event()
+
+            async def write_while_down() -> None:
+                data = rows(300)
+                await trio.to_thread.run_sync(
+                    lambda: write(spark, data, server=address, backoff_max="0.3")
+                )
+                written.set()
+
+            nursery.start_soon(write_while_down)
+            tracker = spark.sparkContext.statusTracker()
+            with trio.fail_after(30):  # the sink's tasks are running, finding no broker
+                while not tracker.getActiveStageIds():
+                    await trio.sleep(0.05)
+            await trio.sleep(1.0)
+            assert not written.is_set(), "the write finished without a broker"
+            second = await nursery.start(run_broker, BrokerConfig(port=port, data_dir=data_dir))
+            got = await take(sub, 300)
+            with trio.fail_after(30):
+                await written.wait()
+            assert await nothing_more(sub)
+        second.shutdown()
+    assert sorted(json.loads(m.payload)["n"] for m in got) == list(range(300))
+    assert len({m.id for m in got}) == 300
