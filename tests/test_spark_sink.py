@@ -13,6 +13,7 @@ from broker.config import BrokerConfig
 from broker.server import run_broker
 from tests.bridgekit import read_all
 from tests.conftest import running_broker
+from tests.faultproxy import FaultProxy
 
 SCHEMA = "topic STRING, value BINARY, msg_id STRING, reason STRING, key BINARY, source STRING"
 
@@ -196,3 +197,39 @@ async def test_a_write_waits_out_a_broker_that_is_down_and_publishes_every_row_o
         second.shutdown()
     assert sorted(json.loads(m.payload)["n"] for m in got) == list(range(300))
     assert len({m.id for m in got}) == 300
+
+
+async def test_a_write_cut_off_from_the_broker_midway_resends_and_nothing_arrives_twice(
+    spark,
+) -> None:
+    """The sink's client reconnects and sends its unconfirmed PUBs again; the broker's
+    duplicate filter drops those it had routed before the cut."""
+    total = 40_000
+    async with running_broker() as server:
+        with FaultProxy(server.addresses[0]) as proxy:
+            async with connect(server_text(server)) as client, client.subscribe("beacon/>") as sub:
+                written = trio.Event()
+
+                async def write_through_proxy() -> None:
+                    data = rows(total)
+                    address = f"127.0.0.1:{proxy.port}"
+                    await trio.to_thread.run_sync(
+                        lambda: write(spark, data, server=address, backoff_max="0.3")
+                    )
+                    written.set()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(write_through_proxy)
+                    got = await take(sub, 2_000, timeout=60)
+                    assert not written.is_set(), "the write was done before the cut"
+                    proxy.cut()
+                    await trio.sleep(0.5)
+                    proxy.restore()
+                    got += await take(sub, total - len(got), timeout=60)
+                    with trio.fail_after(30):
+                        await written.wait()
+                assert await nothing_more(sub)
+                stats = await client.stats()
+        assert proxy.connections > 2, "the sink's tasks did not reconnect"
+    assert sorted(json.loads(m.payload)["n"] for m in got) == list(range(total))
+    assert stats["messages_in"] == total
