@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 
 from bridges.tansu import Tansu
@@ -205,7 +206,9 @@ async def test_a_write_cut_off_from_the_broker_midway_resends_and_nothing_arrive
     """The sink's client reconnects and sends its unconfirmed PUBs again; the broker's
     duplicate filter drops those it had routed before the cut."""
     total = 40_000
-    async with running_broker() as server:
+    # The subscriber shares this process with the test; room for all of it, so the broker
+    # never drops for it as a slow consumer.
+    async with running_broker(outbound_messages=total) as server:
         with FaultProxy(server.addresses[0]) as proxy:
             async with connect(server_text(server)) as client, client.subscribe("beacon/>") as sub:
                 written = trio.Event()
@@ -232,4 +235,55 @@ async def test_a_write_cut_off_from_the_broker_midway_resends_and_nothing_arrive
                 stats = await client.stats()
         assert proxy.connections > 2, "the sink's tasks did not reconnect"
     assert sorted(json.loads(m.payload)["n"] for m in got) == list(range(total))
-    assert stats["messages_in"] == total
+    assert stats["messages_in"] == total and stats["dropped"] == 0
+
+
+# -- finding the broker (sink._connect, no Spark) ----------------------------------------
+
+
+async def test_a_task_connects_after_a_broker_that_hung_up_mid_handshake_then_was_not_there() -> (
+    None
+):
+    from contextlib import AsyncExitStack
+
+    from bridges.spark.sink import _connect
+
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    hung_up = 0
+    servers: list = []
+
+    async def hang_up_twice_then_start_the_broker(nursery: trio.Nursery) -> None:
+        nonlocal hung_up
+        with listener:
+            while hung_up < 2:
+                connection, _ = await listener.accept()
+                connection.close()  # the handshake ends: ConnectionLost
+                hung_up += 1
+        await trio.sleep(0.3)  # refused meanwhile: OSError
+        servers.append(await nursery.start(run_broker, BrokerConfig(port=port)))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hang_up_twice_then_start_the_broker, nursery)
+        with trio.fail_after(10):  # outside the stack: it holds the client's own nursery
+            async with AsyncExitStack() as stack:
+                client = await _connect(stack, {"server": f"127.0.0.1:{port}"}, 0.2)
+                await client.ping()
+        servers[0].shutdown()
+    assert hung_up == 2
+
+
+async def test_a_task_the_broker_refuses_for_good_fails_at_once() -> None:
+    from contextlib import AsyncExitStack
+
+    from bridges.spark.sink import _connect
+    from broker.client import BrokerError
+
+    async with running_broker(auth_token="s3cr3t") as server:
+        options = {"server": server_text(server), "token": "wrong"}
+        with trio.fail_after(5), pytest.raises(BrokerError) as refused:
+            async with AsyncExitStack() as stack:
+                await _connect(stack, options, 0.2)
+    assert refused.value.code == "AUTH_FAILED"

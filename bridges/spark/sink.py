@@ -161,10 +161,15 @@ async def _write(options: dict[str, str], batches: Iterator[Any]) -> SinkCommit:
 
 
 async def _connect(stack: Any, options: dict[str, str], backoff_max: float) -> Any:
-    """The broker, waited for with backoff: a streaming job outlives a broker restart."""
+    """The broker, waited for with backoff: a streaming job outlives a broker restart.
+
+    Not there (refused), going away mid-handshake (closed, reset) or saying it is shutting
+    down: tried again. Any other refusal (a bad token, another protocol version) will not
+    go away by waiting, so it fails the task, and with it the query, loudly."""
     import trio
 
-    from broker.client import connect
+    from broker.client import BrokerError, ConnectionLost, connect
+    from broker.errors import ErrorCode
 
     credentials = {"token": options["token"]} if options.get("token") else None
     delay = 0.1
@@ -175,9 +180,13 @@ async def _connect(stack: Any, options: dict[str, str], backoff_max: float) -> A
                 backoff=(0.05, backoff_max),
             )  # fmt: skip
             return await stack.enter_async_context(client)
-        except OSError:
-            await trio.sleep(delay)
-            delay = min(delay * 2, backoff_max)
+        except BrokerError as exc:
+            if exc.code != ErrorCode.SHUTTING_DOWN:
+                raise
+        except (OSError, ConnectionLost, trio.BrokenResourceError):
+            pass
+        await trio.sleep(delay)
+        delay = min(delay * 2, backoff_max)
 
 
 _TABLES: dict[str, Any] = {}  # filters JSON -> WantedTable, reused by a reused Python worker
