@@ -39,8 +39,7 @@ from bridges.delivery import (
 )
 from bridges.mapping import DECODERS, DecodeError, MappingError
 from bridges.routes import RouteWatcher
-from broker.client import BrokerError, Client, ConnectionLost, connect
-from broker.errors import ErrorCode
+from broker.client import BrokerError, Client, ConnectionLost, connect, worth_retrying
 from broker.log import get_logger
 
 log = get_logger("topiary.bridge")
@@ -165,13 +164,11 @@ class Bridge:
                         backoff=(0.05, self.settings.backoff_max),
                     )
                 )
-            except (OSError, ConnectionLost) as exc:
+            except (OSError, ConnectionLost, BrokerError, trio.BrokenResourceError) as exc:
+                if not worth_retrying(exc):
+                    raise
                 log.warning("broker unreachable", server=config.server, error=str(exc),
                             retry_in=round(backoff, 2))  # fmt: skip
-            except BrokerError as exc:
-                if exc.code in (ErrorCode.AUTH_FAILED, ErrorCode.VERSION_MISMATCH):
-                    raise
-                log.warning("broker refused", code=str(exc.code), text=exc.text)
             with trio.move_on_after(backoff):
                 await self._stopping.wait()
             backoff = min(backoff * 2, self.settings.backoff_max)

@@ -122,6 +122,19 @@ class ConnectionLost(Exception):
     """The connection ended (and ``reconnect`` was off, or the client is closing)."""
 
 
+#: Refusals that connecting again will not change.
+REFUSED_FOR_GOOD = frozenset({ErrorCode.AUTH_FAILED, ErrorCode.VERSION_MISMATCH})
+
+
+def worth_retrying(exc: BaseException) -> bool:
+    """Whether a failed :func:`connect` may succeed later: the broker was not there, went
+    away mid-handshake, or refused for a reason of the moment (SHUTTING_DOWN); not a bad
+    token or another protocol version."""
+    if isinstance(exc, BrokerError):
+        return exc.code not in REFUSED_FOR_GOOD
+    return isinstance(exc, (OSError, ConnectionLost, trio.BrokenResourceError))
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     topic: str
@@ -847,4 +860,5 @@ __all__ = [
     "Subscription",
     "connect",
     "parse_server",
+    "worth_retrying",
 ]

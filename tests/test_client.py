@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from broker.client import BrokerError, ConnectionLost, connect, parse_server
+from broker.client import BrokerError, ConnectionLost, connect, parse_server, worth_retrying
 from broker.config import BrokerConfig
 from broker.server import run_broker
 
@@ -147,3 +147,21 @@ def test_a_read_of_pubacks_resolves_their_waiters_and_leaves_the_rest() -> None:
     partial = encode_puback(7)[:-1]
     assert client._take_pubacks(partial) == partial  # not whole: left to the protocol
     assert client._take_pubacks(b"") == b""
+
+
+@pytest.mark.parametrize(
+    ("error", "worth"),
+    [
+        (OSError("refused"), True),
+        (ConnectionLost("closed during the handshake"), True),
+        (trio.BrokenResourceError("reset"), True),
+        (BrokerError("SHUTTING_DOWN", "bye"), True),
+        (BrokerError("AUTH_FAILED", "bad token"), False),
+        (BrokerError("VERSION_MISMATCH", "v9"), False),
+        (ValueError("a bug"), False),
+    ],
+)
+def test_only_failures_of_the_moment_are_worth_connecting_again(
+    error: BaseException, worth: bool
+) -> None:
+    assert worth_retrying(error) is worth

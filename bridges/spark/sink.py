@@ -34,6 +34,10 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from broker.log import get_logger
+
+log = get_logger("topiary.bridge.spark.sink")
+
 CHUNK = 5000  # rows per confirmed batch on the wire
 
 
@@ -163,13 +167,12 @@ async def _write(options: dict[str, str], batches: Iterator[Any]) -> SinkCommit:
 async def _connect(stack: Any, options: dict[str, str], backoff_max: float) -> Any:
     """The broker, waited for with backoff: a streaming job outlives a broker restart.
 
-    Not there (refused), going away mid-handshake (closed, reset) or saying it is shutting
-    down: tried again. Any other refusal (a bad token, another protocol version) will not
-    go away by waiting, so it fails the task, and with it the query, loudly."""
+    Not there, going away mid-handshake or refusing for the moment: tried again. A bad
+    token or another protocol version will not pass by waiting, so it fails the task, and
+    with it the query, loudly."""
     import trio
 
-    from broker.client import BrokerError, ConnectionLost, connect
-    from broker.errors import ErrorCode
+    from broker.client import BrokerError, ConnectionLost, connect, worth_retrying
 
     credentials = {"token": options["token"]} if options.get("token") else None
     delay = 0.1
@@ -180,11 +183,11 @@ async def _connect(stack: Any, options: dict[str, str], backoff_max: float) -> A
                 backoff=(0.05, backoff_max),
             )  # fmt: skip
             return await stack.enter_async_context(client)
-        except BrokerError as exc:
-            if exc.code != ErrorCode.SHUTTING_DOWN:
+        except (OSError, ConnectionLost, BrokerError, trio.BrokenResourceError) as exc:
+            if not worth_retrying(exc):
                 raise
-        except (OSError, ConnectionLost, trio.BrokenResourceError):
-            pass
+            log.warning("broker unreachable", server=options["server"], error=str(exc),
+                        retry_in=round(delay, 2))  # fmt: skip
         await trio.sleep(delay)
         delay = min(delay * 2, backoff_max)
 
