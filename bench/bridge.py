@@ -131,8 +131,8 @@ from bench.e2e import (  # noqa: E402
 from bench.kafkaload import produce_confirmed  # noqa: E402
 from bridges.config import KAFKA_DEFAULTS  # noqa: E402
 from bridges.tansu import Tansu, TansuUnavailable, start_tansu  # noqa: E402
-from broker.frames import Error, Pong, Sub, SubAck  # noqa: E402
-from broker.protocol import NEED_DATA, ConnectionClosed  # noqa: E402
+from broker.wire.connection import NEED_DATA, ConnectionClosed  # noqa: E402
+from broker.wire.frames import Error, Pong, Sub, SubAck  # noqa: E402
 from routing import parse_filter  # noqa: E402
 
 HOST = "127.0.0.1"

@@ -22,7 +22,7 @@ Scenarios (payloads of 500 bytes):
                  of connections a message reached.
 - ``wild-10k``   the same with 10,000 subscriptions.
 - ``fanout-50``  one topic, 50 subscriber connections in 5 processes (10 each), 1 publisher.
-- ``subscribe-50k``  one raw connection (``broker.protocol.Connection``) sends 50,000
+- ``subscribe-50k``  one raw connection (``broker.wire.connection.Connection``) sends 50,000
                  distinct SUB frames (workload filters, deduplicated) as one pipelined
                  buffer after HELLO/WELCOME; the time from the first byte sent to the last
                  SUBACK, then the same for 50,000 UNSUBs.
@@ -137,7 +137,8 @@ from bench.common import (  # noqa: E402
 )
 from bench.common import machine_info as common_machine_info  # noqa: E402
 from broker.client import BrokerError, connect  # noqa: E402
-from broker.frames import (  # noqa: E402
+from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role  # noqa: E402
+from broker.wire.frames import (  # noqa: E402
     PROTOCOL_VERSION,
     Ack,
     Error,
@@ -151,7 +152,6 @@ from broker.frames import (  # noqa: E402
     Welcome,
     encode_frame,
 )
-from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role  # noqa: E402
 from routing import NATIVE, SubscriptionTable  # noqa: E402
 
 HOST = "127.0.0.1"

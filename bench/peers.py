@@ -107,8 +107,8 @@ from bench.common import goal_line, print_ending, write_report  # noqa: E402
 from bench.common import machine_info as common_machine_info  # noqa: E402
 from bench.e2e import BenchError, Worker, cpu_seconds, free_port, open_raw  # noqa: E402
 from broker.client import BrokerError, Client, ConnectionLost, ProtocolError, connect  # noqa: E402
-from broker.frames import Error, Pong, Sub, SubAck  # noqa: E402
-from broker.protocol import NEED_DATA, ConnectionClosed  # noqa: E402
+from broker.wire.connection import NEED_DATA, ConnectionClosed  # noqa: E402
+from broker.wire.frames import Error, Pong, Sub, SubAck  # noqa: E402
 
 HOST = "127.0.0.1"
 PAYLOAD_SIZE = 100

@@ -142,7 +142,7 @@ from bench.kafkaload import produce_confirmed  # noqa: E402
 from bridges.config import SparkSettings  # noqa: E402
 from bridges.spark.session import FAST_JVM  # noqa: E402
 from bridges.tansu import Tansu, TansuUnavailable, start_tansu  # noqa: E402
-from broker.frames import Pong, Sub  # noqa: E402
+from broker.wire.frames import Pong, Sub  # noqa: E402
 from routing import parse_filter  # noqa: E402
 
 MASTER = "local[2]"

@@ -24,7 +24,9 @@ import trio
 
 from broker.config import parse_host_port
 from broker.errors import ErrorCode, RemoteProtocolError
-from broker.frames import (
+from broker.log import get_logger
+from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
+from broker.wire.frames import (
     PROTOCOL_VERSION,
     Error,
     PeerHello,
@@ -34,8 +36,6 @@ from broker.frames import (
     Route,
     RouteRequest,
 )
-from broker.log import get_logger
-from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
 from routing.exchange import OBSERVER
 from routing.linkstate import Outcome, RouteTable, Update
 

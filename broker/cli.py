@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 import trio
@@ -23,6 +24,10 @@ import trio
 import routing
 
 DEFAULT_SERVER = "127.0.0.1:7474"
+#: Entry-point group of commands that live outside broker/ (the bridges'): each is a callable
+#: taking the subcommand action, adding its parser and setting defaults ``run`` (args -> exit
+#: code) and ``prog``. So broker/ never imports them.
+COMMANDS_GROUP = "topiary.commands"
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
@@ -90,6 +95,7 @@ def _peer(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="topiary", description="A smart event broker gateway.")
     parser.add_argument("--version", action="version", version="topiary 0.1.0")
+    parser.set_defaults(run=None)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     default_server = os.environ.get("TOPIARY_SERVER") or DEFAULT_SERVER
 
@@ -175,23 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     drop.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
     drop.add_argument("client_id", metavar="ID")
 
-    bridge = commands.add_parser("bridge", help="run a bridge into the broker")
-    kinds = bridge.add_subparsers(dest="kind", required=True, parser_class=_Parser)
-    kafka = kinds.add_parser(
-        "kafka", help="consume an aggregate Kafka topic, publish the wanted events"
-    )
-    kafka.add_argument("--config", required=True, help="bridge TOML file (see docs/bridge.md)")
-    kafka.add_argument("--log-format", choices=["console", "json"], default="console")
-    spark = kinds.add_parser(
-        "spark", help="the same bridge as a Spark Structured Streaming job (docs/spark.md)"
-    )
-    spark.add_argument("--config", required=True, help="bridge TOML file with a [spark] table")
-    spark.add_argument("--log-format", choices=["console", "json"], default="console")
-    spark.add_argument(
-        "--available-now",
-        action="store_true",
-        help="bridge what the topic holds now, in micro-batches, then exit",
-    )
+    for plugin in entry_points(group=COMMANDS_GROUP):
+        plugin.load()(commands)
     return parser
 
 
@@ -228,9 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "session":
             prog = "topiary session drop"
             return trio.run(_session_drop, args)
-        if args.command == "bridge":
-            prog = f"topiary bridge {args.kind}"
-            return _bridge_kafka(args) if args.kind == "kafka" else _bridge_spark(args)
+        if args.run is not None:  # a command from a plugin
+            prog = args.prog
+            return int(args.run(args))
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -313,46 +304,6 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILURE
     return 0
-
-
-def _bridge_kafka(args: argparse.Namespace) -> int:
-    from broker.config import ConfigError
-    from broker.log import configure_logging
-
-    try:
-        from bridges.config import load_bridge_config
-        from bridges.kafka import run_bridge
-    except ImportError as exc:  # confluent-kafka is the optional extra "kafka"
-        raise UsageError(f"{exc}; install topiary[kafka]") from None
-    try:
-        config = load_bridge_config(args.config)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    configure_logging(args.log_format)
-    tune_gc()
-    trio.run(run_bridge, config)
-    return 0
-
-
-def _bridge_spark(args: argparse.Namespace) -> int:
-    from broker.config import ConfigError
-    from broker.log import configure_logging
-
-    try:
-        from bridges.config import load_bridge_config
-        from bridges.spark.run import run_spark_bridge
-        from bridges.spark.session import SparkUnavailable, check_spark
-    except ImportError as exc:
-        raise UsageError(f"{exc}; install topiary[spark]") from None
-    try:
-        config = load_bridge_config(args.config)
-        if config.spark.checkpoint is None:
-            raise ConfigError(f"{args.config}: [spark] checkpoint is required")
-        check_spark()
-    except (ConfigError, SparkUnavailable) as exc:
-        raise UsageError(str(exc)) from None
-    configure_logging(args.log_format)
-    return run_spark_bridge(config, available_now=args.available_now)
 
 
 def tune_gc() -> None:

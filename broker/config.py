@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.framebuffer import DEFAULT_MAX_FRAME, MAX_LENGTH
+from broker.wire.buffer import DEFAULT_MAX_FRAME, MAX_LENGTH
 
 
 class ConfigError(ValueError):

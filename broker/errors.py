@@ -192,6 +192,16 @@ def code_closes_connection(code: str) -> bool:
         return True
 
 
+#: Refusals that connecting again will not change (a bad credential, another protocol
+#: version): every client that reconnects gives up on these, and only these.
+REFUSED_FOR_GOOD: frozenset[ErrorCode] = frozenset({_C.AUTH_FAILED, _C.VERSION_MISMATCH})
+
+
+def refused_for_good(code: str) -> bool:
+    """Whether a refusal with ``code`` will be the same however often one connects again."""
+    return code in REFUSED_FOR_GOOD
+
+
 def render_error_table() -> str:
     """Markdown table of every code; docs/protocol.md must contain exactly this text."""
     lines = ["| code | closes connection | meaning |", "| --- | --- | --- |"]

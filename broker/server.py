@@ -20,9 +20,10 @@ from typing import Any
 import trio
 
 from broker.config import BrokerConfig
-from broker.connection import ClientConnection
 from broker.core import Broker
 from broker.log import get_logger
+from broker.mesh import Peering
+from broker.native.connection import ClientConnection
 from broker.store import Store
 
 log = get_logger("topiary.server")
@@ -114,6 +115,8 @@ async def run_broker(
                 Store.open(config.data_dir, dedup_window=config.dedup_window)
             )
         broker = broker or Broker(config, store=store)
+        if not isinstance(broker.peering, Peering):
+            broker.peering = Peering(broker)
         if store is not None:
             restored = await broker.load()
             log.info("store opened", data_dir=config.data_dir, durable_sessions=restored)

@@ -10,8 +10,9 @@ import msgpack
 from hypothesis import strategies as st
 
 from broker.errors import ErrorCode
-from broker.framebuffer import add_length_prefix
-from broker.frames import (
+from broker.wire.buffer import add_length_prefix
+from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
+from broker.wire.frames import (
     PROTOCOL_VERSION,
     U64_MAX,
     Ack,
@@ -34,7 +35,6 @@ from broker.frames import (
     Welcome,
     encode_frame,
 )
-from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
 
 #: Appended by the "trailing" chunking: a length prefix and part of a body that never ends,
 #: so the frame under test must come out alone and these bytes must stay buffered.

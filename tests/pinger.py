@@ -15,7 +15,7 @@ import time
 
 import msgpack
 
-from broker.frames import PROTOCOL_VERSION
+from broker.wire.frames import PROTOCOL_VERSION
 
 INTERVAL = 0.02
 MAX_SECONDS = 120.0  # bounded even if nobody closes stdin

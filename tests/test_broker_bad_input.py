@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from broker.client import BrokerError, connect
-from broker.frames import PROTOCOL_VERSION
+from broker.wire.frames import PROTOCOL_VERSION
 from tests.conftest import running_broker
 from tests.wire import HELLO, RawClient, frame
 

@@ -150,7 +150,7 @@ async def test_invalid_filter_is_refused_locally_and_by_the_broker(address: Addr
         except ValueError as exc:
             assert "'>' must be the last level" in str(exc)
         # the broker's own check, reached with a raw request
-        from broker.frames import Sub
+        from broker.wire.frames import Sub
 
         reply = None
         try:

@@ -127,9 +127,10 @@ async def test_a_confirmed_batch_without_reconnect_raises_when_the_broker_goes()
 def test_a_read_of_pubacks_resolves_their_waiters_and_leaves_the_rest() -> None:
     """The reader's PUBACK fast path: every id width msgpack has, in the broker's encoding;
     it stops at the first other frame (or partial frame) and returns the rest untouched."""
-    from broker.client import Client, _Waiter
-    from broker.frames import Pong, encode_frame
-    from broker.replies import encode_puback
+    from broker.client import Client
+    from broker.client.client import _Waiter
+    from broker.wire.codec import encode_puback
+    from broker.wire.frames import Pong, encode_frame
 
     client = Client(
         "127.0.0.1:1", client_id=None, credentials=None, keepalive=30, reconnect=False,

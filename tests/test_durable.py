@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from broker.client import BrokerError, connect
-from broker.frames import PROTOCOL_VERSION
+from broker.wire.frames import PROTOCOL_VERSION
 from tests.conftest import running_broker
 from tests.streams import quiet, take
 from tests.wire import RawClient, frame

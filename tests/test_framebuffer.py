@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from broker.framebuffer import COMPACT_AT, MAX_LENGTH, FrameBuffer, add_length_prefix
+from broker.wire.buffer import COMPACT_AT, MAX_LENGTH, FrameBuffer, add_length_prefix
 from tests.helpers import CHUNKING_NAMES, TRAILING, chunked, splits
 
 

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import broker.frames as frames_module
+import broker.wire.frames as frames_module
 from broker.errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
-from broker.framebuffer import FrameBuffer
-from broker.frames import (
+from broker.wire.buffer import FrameBuffer
+from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
+from broker.wire.frames import (
     FRAME_TYPES,
     MAX_MSG_ID_BYTES,
     PROTOCOL_VERSION,
@@ -44,7 +45,6 @@ from broker.frames import (
     decode_frame,
     encode_frame,
 )
-from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
 from tests.helpers import (
     ANY_FRAME,
     DEFAULT_HELLO,

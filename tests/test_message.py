@@ -3,8 +3,9 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.frames import Msg, decode_frame, encode_frame
-from broker.message import Message, encode_msg
+from broker.core.message import Message
+from broker.wire.codec import encode_msg, shared_fields
+from broker.wire.frames import Msg, decode_frame, encode_frame
 
 headers = st.none() | st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3)
 
@@ -29,14 +30,14 @@ def test_fast_msg_encoding_decodes_to_the_msg_frame(
 
 def test_shared_part_is_encoded_once() -> None:
     message = Message("a", b"p", None, "id")
-    first = message.shared_wire()
-    assert message.shared_wire()[0] is first[0]
+    first = shared_fields(message)
+    assert shared_fields(message)[0] is first[0]
 
 
 @given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
 def test_fast_replies_decode_to_their_frames(request_id: int, sub_id: int) -> None:
-    from broker.frames import PubAck, SubAck, UnsubAck
-    from broker.replies import encode_puback, encode_suback, encode_unsuback
+    from broker.wire.codec import encode_puback, encode_suback, encode_unsuback
+    from broker.wire.frames import PubAck, SubAck, UnsubAck
 
     for wire, expected in [
         (encode_puback(request_id), PubAck(id=request_id)),

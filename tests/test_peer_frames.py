@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import routing
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from broker.frames import (
+from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
+from broker.wire.frames import (
     MAX_BROKER_ID_BYTES,
     PROTOCOL_VERSION,
     U64_MAX,
@@ -38,7 +39,6 @@ from broker.frames import (
     fast_fwd,
     valid_broker_id,
 )
-from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
 from tests.helpers import (
     DEFAULT_HELLO,
     DEFAULT_WELCOME,

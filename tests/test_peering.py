@@ -14,8 +14,8 @@ import pytest
 import trio
 
 from broker.client import BrokerError, connect
-from broker.frames import PROTOCOL_VERSION
 from broker.server import Server
+from broker.wire.frames import PROTOCOL_VERSION
 from tests.conftest import running_broker
 from tests.streams import quiet
 from tests.wire import RawClient, frame

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, render_error_table
-from broker.frames import (
+from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role, State
+from broker.wire.frames import (
     FRAME_TYPES,
     PROTOCOL_VERSION,
     Ack,
@@ -37,8 +38,7 @@ from broker.frames import (
     decode_frame,
     encode_frame,
 )
-from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role, State
-from broker.protocol_states import RECEIVE, SEND, render_state_table
+from broker.wire.states import RECEIVE, SEND, render_state_table
 from tests.helpers import (
     CHUNKING_NAMES,
     CLIENT_FRAMES,

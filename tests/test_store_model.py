@@ -29,7 +29,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from broker.store import (
+from broker.store.store import (
     DB_FILENAME,
     SessionRecord,
     StoredMessage,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import trio
 
-from broker.frames import PROTOCOL_VERSION
+from broker.wire.frames import PROTOCOL_VERSION
 
 
 def frame(body: dict | bytes) -> bytes:

@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from broker.frames import (
+from broker.wire.frames import (
     Ack,
     DropSession,
     Error,

@@ -1,8 +1,8 @@
 """Shared groups: N instances of one service share one durable session.
 
-The group's session is an ordinary durable session as far as routing and the
-store are concerned (its filters are in the table, its messages are stored
-with sequence numbers). What differs is who reads it: each message goes to
+A group is its own subscriber: ``Group`` is a durable ``Session`` as far as
+routing and the store are concerned (its filters are in the table, its
+messages are stored with sequence numbers). What differs is who reads it: each message goes to
 exactly one connected member, round robin among the members that have room
 in their prefetch window; a member acknowledges each message on its own
 (ACK single, or cumulative over what it holds); when a member leaves, the
@@ -17,13 +17,10 @@ the broker runs, and those found in the store at start-up.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
-from broker.message import Message
-
-if TYPE_CHECKING:
-    from broker.session import Session
-    from broker.stats import Counters
+from broker.core.counters import Counters
+from broker.core.message import Message
+from broker.core.session import OutboundLimits, Session
 
 GROUP_PREFIX = "$group/"
 
@@ -34,6 +31,8 @@ def group_session_id(name: str) -> str:
 
 
 class Member:
+    """One connection's membership: the messages of the group it holds, unacknowledged."""
+
     __slots__ = ("group", "inflight", "session")
 
     def __init__(self, group: Group, session: Session) -> None:
@@ -42,16 +41,36 @@ class Member:
         self.inflight: dict[int, tuple[Message, int]] = {}
 
 
-class Group:
-    def __init__(self, name: str, session: Session, prefetch: int, counters: Counters) -> None:
+class Group(Session):
+    """A shared group's durable session, which hands each message to one member."""
+
+    shared = True
+
+    def __init__(
+        self,
+        name: str,
+        limits: OutboundLimits,
+        counters: Counters,
+        prefetch: int,
+        *,
+        seq: int = 0,
+        last_ack: int = 0,
+    ) -> None:
+        super().__init__(
+            group_session_id(name), limits, counters, durable=True, seq=seq, last_ack=last_ack
+        )
         self.name = name
-        self.session = session  # the shared durable session: filters, seqs, store rows
         self.prefetch = prefetch
-        self.counters = counters
         self.queue: deque[tuple[int, Message, int]] = deque()
         self.members: list[Member] = []
         self._next = 0
         self.redelivered = 0
+
+    def deliver(self, message: Message, sub_id: int) -> bool:
+        """Number the message in the group's sequence and hand it to a member with room."""
+        self.seq += 1
+        self.offer(message, sub_id, self.seq)
+        return True
 
     def offer(self, message: Message, sub_id: int, seq: int) -> None:
         self.queue.append((seq, message, sub_id))

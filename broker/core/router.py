@@ -1,9 +1,11 @@
-"""The broker's state, without sockets: sessions, the subscription table, routing.
+"""The router: the broker's sessions, its subscription table, and publish -> deliver.
 
-Everything here is synchronous: a PUB is matched and queued to every
-interested session before the next frame is read, which is what keeps
-per-publisher order on every topic. Connections (broker/connection.py) and
-the listener loop (broker/server.py) are the trio shell around it.
+Routing is synchronous: ``publish`` matches a message and queues it to every
+interested session before it returns, which is what keeps per-publisher order
+on every topic; what it asks of the store comes back as ``DurableWork`` for the
+caller to queue before it reads on. Only opening sessions and talking to the
+store awaits. Front ends (broker/native/, one package per protocol) call in;
+the router calls out only through ``Session.deliver`` and the ``Mesh``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -20,12 +20,13 @@ import trio
 
 import routing
 from broker.config import BrokerConfig
-from broker.groups import Group, group_session_id
+from broker.core.counters import Counters
+from broker.core.dedupe import RecentIds
+from broker.core.delivery import DurableWork, Mesh, NullMesh, QuotaExceeded
+from broker.core.groups import Group, group_session_id
+from broker.core.message import Message
+from broker.core.session import OutboundLimits, Session
 from broker.log import get_logger
-from broker.message import Message
-from broker.peering import Peering
-from broker.session import OutboundLimits, Session, SubRef
-from broker.stats import Counters
 from broker.store import Pending, SessionRecord, Store, StoreError
 
 log = get_logger("topiary.broker")
@@ -42,55 +43,10 @@ def _base36(n: int) -> str:
             return "".join(reversed(digits))
 
 
-class RecentIds:
-    """Publisher message ids seen lately, so a repeated PUB is dropped (idempotent publish).
-
-    At-least-once producers (the Kafka bridge, a client retrying after a reconnect) send the
-    same message again with the same ``msg_id``; the broker forgets ids in arrival order
-    once it holds ``window`` of them, so memory stays bounded.
-    """
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        # An OrderedDict, not a dict: evicting a plain dict's oldest key with
-        # next(iter(...)) walks over every slot deleted before it, so once the window was
-        # full each publish cost ~57 us instead of ~1 us (bench/bridge.py found it).
-        self._ids: OrderedDict[str, None] = OrderedDict()
-
-    def seen(self, msg_id: str) -> bool:
-        """True if ``msg_id`` is a repeat; otherwise remember it and return False."""
-        ids = self._ids
-        if msg_id in ids:
-            return True
-        if self.window <= 0:
-            return False
-        ids[msg_id] = None
-        if len(ids) > self.window:
-            ids.popitem(last=False)
-        return False
-
-    def forget(self, msg_id: str) -> None:
-        self._ids.pop(msg_id, None)
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-
-@dataclass(slots=True)
-class DurableWork:
-    """What one PUB asks of the store: the message and its (session, seq) deliveries."""
-
-    message: Message
-    deliveries: list[tuple[Session, int]]
-    publisher_msg_id: str | None
-    trims: list[tuple[Session, int]] | None = None  # drop-oldest: (session, through seq)
-
-
-class QuotaExceeded(Exception):
-    """A durable session that wants the message is full and its policy is reject-publish."""
-
-
 class Broker:
+    """The protocol-agnostic core: sessions (transient, durable, shared groups), the
+    subscription table, the duplicate filter and the counters; every front end calls it."""
+
     def __init__(self, config: BrokerConfig | None = None, store: Store | None = None) -> None:
         self.config = config or BrokerConfig()
         self.store = store
@@ -113,7 +69,8 @@ class Broker:
         self._msg_counter = itertools.count(1)
         self._client_counter = itertools.count(1)
         self._recent_ids = RecentIds(self.config.dedup_window)
-        self.peering = Peering(self)
+        # The peer mesh, once the broker is served with one (broker.server attaches it).
+        self.peering: Mesh = NullMesh()
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -133,10 +90,13 @@ class Broker:
         assert self.store is not None
         records = await self.store.sessions()
         for record in records:
-            session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
+            session: Session
             if record.group is not None:
-                await self._load_group_queue(self._new_group(record.group, session), record)
-            elif record.pending:
+                session = self._new_group(record.group, record.next_seq - 1, record.last_ack)
+                await self._load_group_queue(session, record)
+            else:
+                session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
+            if record.pending and not session.shared:
                 session.track(record.next_seq - 1, record.pending_bytes, record.pending)
             for text, dialect in record.filters:
                 self.subscribe(session, routing.parse_filter(text, dialect))
@@ -158,9 +118,16 @@ class Broker:
         self.durable[client_id] = session
         return session
 
-    def _new_group(self, name: str, session: Session) -> Group:
-        group = Group(name, session, self.config.group_prefetch, self.counters)
-        session.group = group
+    def _new_group(self, name: str, seq: int, last_ack: int) -> Group:
+        group = Group(
+            name,
+            self.limits,
+            self.counters,
+            self.config.group_prefetch,
+            seq=seq,
+            last_ack=last_ack,
+        )
+        self.durable[group.client_id] = group
         self.groups[name] = group
         return group
 
@@ -171,10 +138,8 @@ class Broker:
             if group is not None:
                 return group, True
             assert self.store is not None
-            client_id = group_session_id(name)
-            record = await self.store.create_session(client_id, name)
-            session = self._new_durable(client_id, record.next_seq - 1, record.last_ack)
-            return self._new_group(name, session), False
+            record = await self.store.create_session(group_session_id(name), name)
+            return self._new_group(name, record.next_seq - 1, record.last_ack), False
 
     async def open_durable(self, client_id: str) -> tuple[Session, bool]:
         """The durable session ``client_id`` and whether it existed (session_present)."""
@@ -251,12 +216,12 @@ class Broker:
                 "deferred": session.deferred,  # sent from the store: queue full or away
                 **(
                     {
-                        "group": session.group.name,
-                        "members": len(session.group.members),
-                        "queued": len(session.group.queue),
-                        "redelivered": session.group.redelivered,
+                        "group": session.name,
+                        "members": len(session.members),
+                        "queued": len(session.queue),
+                        "redelivered": session.redelivered,
                     }
-                    if session.group is not None
+                    if isinstance(session, Group)
                     else {}
                 ),
             }
@@ -277,7 +242,7 @@ class Broker:
             if session is not requester:
                 holder = session.connection
                 if holder is not None:
-                    holder.take_over("the session was dropped")  # type: ignore[attr-defined]
+                    holder.take_over("the session was dropped")
                 self.close_session(session)
         dropped = await self.store.drop_session(client_id)
         return dropped or session is not None
@@ -457,7 +422,7 @@ class Broker:
                 if durable is None:
                     durable = []
                 durable.append((session, session.seq))
-                if session.group is not None:
+                if session.shared:
                     continue  # quotas are per ordinary session (groups ack out of order)
                 session.track(session.seq, size)
                 through, dropped = session.trim_to(
@@ -520,4 +485,4 @@ class Broker:
         return snapshot
 
 
-__all__ = ["Broker", "Session", "SubRef"]
+__all__ = ["Broker", "DurableWork", "QuotaExceeded", "RecentIds"]

@@ -37,8 +37,8 @@ from typing import Any, Final, Literal, NoReturn
 import msgpack
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from broker.framebuffer import DEFAULT_MAX_FRAME, LENGTH_PREFIX, FrameBuffer
-from broker.frames import (
+from broker.wire.buffer import DEFAULT_MAX_FRAME, LENGTH_PREFIX, FrameBuffer
+from broker.wire.frames import (
     Frame,
     Fwd,
     PeerWelcome,
@@ -61,7 +61,7 @@ from broker.frames import (
     fast_unsuback,
     unpack_body,
 )
-from broker.protocol_states import (
+from broker.wire.states import (
     CLOSED,
     DISCARDING_STATES,
     ERROR,

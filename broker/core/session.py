@@ -25,18 +25,28 @@ every message after its last ack, in order, however fast or slow it reads.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import trio
 
+from broker.core.counters import Counters
+from broker.core.message import Message
 from broker.errors import ErrorCode, RemoteProtocolError
-from broker.message import Message, append_msg
 
 if TYPE_CHECKING:
-    from broker.groups import Group, Member
-    from broker.stats import Counters
     from routing import Filter
+
+#: How a front end encodes one delivery into a batch: (parts, message, sub id, seq) -> size.
+AppendMessage = Callable[[list[bytes | memoryview], Message, int, int], int]
+
+
+class Holder(Protocol):
+    """A front end's connection holding a durable session (``Session.connection``)."""
+
+    def take_over(self, why: str = ...) -> None:
+        """Close because another connection claims the session, or it was dropped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +78,14 @@ class SubRef:
 
 
 class Session:
+    """A subscriber's state in the core: subscriptions, sequence numbers, outbound queue.
+
+    Front ends attach a connection to it and drain it (``take_batch`` with their own
+    encoder); the router only calls ``deliver``. Shared groups subclass it (``Group``).
+    """
+
+    shared: ClassVar[bool] = False  # True for a shared group's session
+
     def __init__(
         self,
         client_id: str,
@@ -82,13 +100,11 @@ class Session:
         self.durable = durable
         # durable only: the connection reading this session (None while away), what it was
         # sent, what the client acked, and what the store has committed
-        self.connection: object | None = None
+        self.connection: Holder | None = None
         self.last_ack = last_ack
         self.sent_upto = last_ack
         self.committed_upto = seq
         self.deferred = 0
-        self.group: Group | None = None  # set on a shared group's session
-        self.member: Member | None = None  # set on a group member connection's session
         # A resumed durable session sends nothing but replies until the client's first
         # request has been answered, so the client can subscribe before its backlog comes.
         self.ready = True
@@ -176,10 +192,6 @@ class Session:
         stores it; if it cannot be queued now the writer fetches it from the store later.
         """
         limits = self.limits
-        if self.group is not None:
-            self.seq += 1
-            self.group.offer(message, sub_id, self.seq)
-            return True
         if self.durable:
             self.seq += 1
             if (
@@ -246,7 +258,7 @@ class Session:
 
     # -- durable sessions ----------------------------------------------------------------
 
-    def attach(self, connection: object) -> None:
+    def attach(self, connection: Holder) -> None:
         """A connection takes this durable session: resend everything after the last ack."""
         self.connection = connection
         self.accepting = True
@@ -259,7 +271,7 @@ class Session:
         self.sent_upto = self.last_ack
         self.ready = False
 
-    def detach(self, connection: object) -> None:
+    def detach(self, connection: Holder) -> None:
         if self.connection is connection:
             self.connection = None
             self._outbox.clear()
@@ -352,8 +364,11 @@ class Session:
         """Wait until the client's own replies fit in the queue again."""
         await self._drained.wait()
 
-    def take_batch(self, max_bytes: int = 256 * 1024) -> tuple[bytes, int]:
-        """Encode queued frames into one write of about ``max_bytes``; (bytes, MSG count)."""
+    def take_batch(
+        self, append_msg: AppendMessage, max_bytes: int = 256 * 1024
+    ) -> tuple[bytes, int]:
+        """Encode queued frames into one write of about ``max_bytes`` (messages with the
+        front end's ``append_msg``); (bytes, MSG count)."""
         parts: list[bytes | memoryview] = []
         size = 0
         messages = 0

@@ -1,4 +1,4 @@
-"""One client connection: the trio shell around ``broker.protocol.Connection``.
+"""One client connection: the trio shell around ``broker.wire.connection.Connection``.
 
 Three tasks share a nursery owned by ``ClientConnection.run``:
 
@@ -20,13 +20,34 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 import routing
+from broker.core import (
+    GROUP_PREFIX,
+    Broker,
+    DurableWork,
+    Group,
+    Member,
+    Message,
+    QuotaExceeded,
+    Session,
+)
 from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
-from broker.frames import (
+from broker.log import get_logger
+from broker.mesh import Peering
+from broker.store import Pending, StoreError
+from broker.wire.codec import (
+    append_msg,
+    encode_msg,
+    encode_puback,
+    encode_suback,
+    encode_unsuback,
+)
+from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
+from broker.wire.frames import (
     PROTOCOL_VERSION,
     Ack,
     DropSession,
@@ -48,20 +69,7 @@ from broker.frames import (
     Unsub,
     Welcome,
 )
-from broker.groups import GROUP_PREFIX
-from broker.log import get_logger
-from broker.message import Message, encode_msg
-from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
-from broker.protocol_states import CLOSED, CLOSING
-from broker.replies import encode_puback, encode_suback, encode_unsuback
-from broker.session import Session
-from broker.store import Pending, StoreError
-
-if TYPE_CHECKING:
-    from broker.core import Broker, DurableWork
-    from broker.groups import Group
-
-from broker.core import QuotaExceeded
+from broker.wire.states import CLOSED, CLOSING
 
 RECEIVE_SIZE = 256 * 1024
 ERROR_FLUSH_SECONDS = 1.0
@@ -97,6 +105,7 @@ class ClientConnection:
         self._confirms: deque[tuple[Pending | None, int]] = deque()
         self._confirm_ready = trio.Event()
         self._joining: Group | None = None
+        self.member: Member | None = None  # set while this connection is a group member
         self._peer_hello: PeerHello | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -111,7 +120,9 @@ class ClientConnection:
             with self._handshake_scope:
                 session = await self._handshake()
             if self._peer_hello is not None and not self._shutting_down:
-                await broker.peering.accept(self.stream, self.proto, self._peer_hello, self.peer)
+                peering = broker.peering
+                assert isinstance(peering, Peering)  # a served broker always has one
+                await peering.accept(self.stream, self.proto, self._peer_hello, self.peer)
             if session is not None and self._shutting_down:
                 self._release(session)
                 session = None
@@ -126,9 +137,9 @@ class ClientConnection:
             await trio.aclose_forcefully(self.stream)
 
     def _release(self, session: Session) -> None:
-        if session.member is not None:
-            session.member.group.leave(session.member)  # what it held goes to the others
-            session.member = None
+        if self.member is not None:
+            self.member.group.leave(self.member)  # what it held goes to the others
+            self.member = None
             self.broker.close_session(session)
         elif session.durable:
             session.detach(self)  # the session stays, stored, and keeps its routes
@@ -254,7 +265,7 @@ class ClientConnection:
             session = durable
             previous = session.connection
             if previous is not None:
-                previous.take_over()  # type: ignore[attr-defined]
+                previous.take_over()
                 with trio.move_on_after(config.shutdown_timeout):
                     while session.connection is previous:
                         await trio.sleep(0.01)
@@ -400,7 +411,7 @@ class ClientConnection:
                 if not session.ready:  # its first request is answered: the backlog may come
                     session.ready = True
                     if self._joining is not None:
-                        session.member = self._joining.join(session)
+                        self.member = self._joining.join(session)
                         self._joining = None
                     session.wake()
             if not need_data:
@@ -412,7 +423,7 @@ class ClientConnection:
         """Is a SUB or UNSUB here only a table change and a reply? (The client's own
         transient session, no group, no peers to sync with: then runs of them are batched.)"""
         return (
-            session.member is None
+            self.member is None
             and self._joining is None
             and session.ready
             and not session.durable
@@ -458,8 +469,8 @@ class ClientConnection:
     def _owner(self, session: Session) -> Session:
         """The session a SUB or UNSUB changes: the group's for a member (joined or about
         to join), else the client's own."""
-        group = session.member.group if session.member is not None else self._joining
-        return group.session if group is not None else session
+        group = self.member.group if self.member is not None else self._joining
+        return group if group is not None else session
 
     def _refuse_request(self, session: Session, exc: ProtocolError) -> None:
         self._count_error(exc.code)
@@ -503,9 +514,7 @@ class ClientConnection:
         elif cls is Sub:
             assert isinstance(frame, Sub)
             owner = (
-                session
-                if session.member is None and self._joining is None
-                else self._owner(session)
+                session if self.member is None and self._joining is None else self._owner(session)
             )  # (most sessions are nobody's group member: no call for them)
             sub_id = broker.subscribe(owner, frame.parsed)
             reply = encode_suback(frame.id, sub_id)
@@ -548,7 +557,7 @@ class ClientConnection:
             pass  # last_heard was updated when its bytes arrived
         elif cls is Ack:
             assert isinstance(frame, Ack)
-            member = session.member
+            member = self.member
             if member is not None:
                 settled = member.group.ack(member, frame.seq, frame.single)
                 if frame.single and not settled:
@@ -560,7 +569,7 @@ class ClientConnection:
                         ),
                     )
                 elif settled:
-                    group_id = member.group.session.client_id
+                    group_id = member.group.client_id
                     self._later.append((self._store_ack_one, (group_id, settled)))
                 return None
             delivered = session.sent_upto if session.durable else session.seq
@@ -611,7 +620,7 @@ class ClientConnection:
                         return
                     await session.wait_data()
                     continue
-                data, _messages = session.take_batch()
+                data, _messages = session.take_batch(append_msg)
                 await self.stream.send_all(data)
                 counters.bytes_sent += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

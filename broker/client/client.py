@@ -47,8 +47,10 @@ import msgpack
 import trio
 
 import routing
-from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
-from broker.frames import (
+from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError, refused_for_good
+from broker.log import get_logger
+from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
+from broker.wire.frames import (
     MAX_MSG_ID_BYTES,
     PROTOCOL_VERSION,
     Ack,
@@ -73,9 +75,7 @@ from broker.frames import (
     UnsubAck,
     Welcome,
 )
-from broker.log import get_logger
-from broker.protocol import NEED_DATA, Connection, ConnectionClosed, Role
-from broker.protocol_states import State
+from broker.wire.states import State
 
 DEFAULT_PORT = 7474
 RECEIVE_SIZE = 256 * 1024
@@ -122,16 +122,12 @@ class ConnectionLost(Exception):
     """The connection ended (and ``reconnect`` was off, or the client is closing)."""
 
 
-#: Refusals that connecting again will not change.
-REFUSED_FOR_GOOD = frozenset({ErrorCode.AUTH_FAILED, ErrorCode.VERSION_MISMATCH})
-
-
 def worth_retrying(exc: BaseException) -> bool:
     """Whether a failed :func:`connect` may succeed later: the broker was not there, went
     away mid-handshake, or refused for a reason of the moment (SHUTTING_DOWN); not a bad
     token or another protocol version."""
     if isinstance(exc, BrokerError):
-        return exc.code not in REFUSED_FOR_GOOD
+        return not refused_for_good(exc.code)
     return isinstance(exc, (OSError, ConnectionLost, trio.BrokenResourceError))
 
 

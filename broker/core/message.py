@@ -1,0 +1,29 @@
+"""A published message, stored once however many sessions it goes to.
+
+Fan-out is the hot path: one publish becomes one delivery per interested
+session, and only the subscription id and the sequence number differ between
+them. So a message carries a slot where a front end keeps its encoding of the
+shared fields, made once for all deliveries (``broker.wire.codec`` fills it for
+the native protocol). The core itself never looks at it.
+"""
+
+from __future__ import annotations
+
+
+class Message:
+    __slots__ = ("encoded", "encoded_fields", "headers", "msg_id", "payload", "size", "topic")
+
+    def __init__(
+        self, topic: str, payload: bytes, headers: dict[str, str] | None, msg_id: str
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.headers = headers
+        self.msg_id = msg_id
+        self.size = len(payload)
+        # A front end's encoding of the fields every delivery shares, and how many there are.
+        self.encoded: memoryview | None = None
+        self.encoded_fields = 0
+
+    def __repr__(self) -> str:
+        return f"<Message {self.msg_id} {self.topic!r} {self.size} bytes>"
