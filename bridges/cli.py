@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from broker.cli import UsageError, tune_gc
+from broker.commands import UsageError, tune_gc
 
 
 def register(commands: Any) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import gc
 import json
 import os
 import sys
@@ -22,18 +21,12 @@ from typing import Any, NoReturn
 import trio
 
 import routing
+from broker.commands import COMMANDS_GROUP, UsageError, tune_gc
 
 DEFAULT_SERVER = "127.0.0.1:7474"
-#: Entry-point group of commands that live outside broker/ (the bridges'): each is a callable
-#: taking the subcommand action, adding its parser and setting defaults ``run`` (args -> exit
-#: code) and ``prog``. So broker/ never imports them.
-COMMANDS_GROUP = "topiary.commands"
+
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
-
-
-class UsageError(Exception):
-    """A bad argument, reported as one line with exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -304,25 +297,6 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILURE
     return 0
-
-
-def tune_gc() -> None:
-    """A broker holds millions of long-lived objects (trie nodes, filters, sessions).
-
-    With CPython's default thresholds every few hundred allocations trigger a young
-    collection and full collections rescan the whole table; measured on 50,000 pipelined
-    SUBs, the broker spent over half its time in the cyclic GC. Freezing what exists at
-    start-up and collecting young objects every 10,000 allocations keeps pauses short and
-    cuts that to a fraction. Every other young collection takes generation 1 along
-    (threshold 0): with 10, every survivor was traversed twice before reaching generation
-    2, once young and once among up to 110,000 others in a pause of ~0.1 s; now half of
-    them are traversed once, and a generation-1 pass sees at most ~20,000 objects. Full
-    collections (after 500 generation-1 passes, ~10 million survivors) stay about as rare
-    as before (100 passes of 11 young collections).
-    Only the serving process does this: the library leaves GC settings alone.
-    """
-    gc.freeze()
-    gc.set_threshold(10_000, 0, 500)
 
 
 # -- client commands ------------------------------------------------------------------------
