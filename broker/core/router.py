@@ -23,24 +23,14 @@ from broker.config import BrokerConfig
 from broker.core.counters import Counters
 from broker.core.dedupe import RecentIds
 from broker.core.delivery import DurableWork, Mesh, NullMesh, QuotaExceeded
-from broker.core.groups import Group, group_session_id
+from broker.core.groups import Group
 from broker.core.message import Message
 from broker.core.session import OutboundLimits, Session
+from broker.core.sessions import SessionRegistry, run_prefix
 from broker.log import get_logger
-from broker.store import Pending, SessionRecord, Store, StoreError
+from broker.store import Pending, Store, StoreError
 
 log = get_logger("topiary.broker")
-
-_CLIENT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
-
-
-def _base36(n: int) -> str:
-    digits = []
-    while True:
-        n, r = divmod(n, 36)
-        digits.append(_CLIENT_ALPHABET[r])
-        if not n:
-            return "".join(reversed(digits))
 
 
 class Broker:
@@ -50,13 +40,9 @@ class Broker:
     def __init__(self, config: BrokerConfig | None = None, store: Store | None = None) -> None:
         self.config = config or BrokerConfig()
         self.store = store
-        self.durable: dict[str, Session] = {}
-        self.groups: dict[str, Group] = {}
-        self._creating = trio.Lock()
         self.server_id = self.config.server_id or f"topiary-{os.getpid()}"
         self.table = routing.SubscriptionTable(cache_size=self.config.match_cache)
         self.counters = Counters()
-        self.sessions: dict[str, Session] = {}
         self.connections: set[Any] = set()  # ClientConnection objects, for shutdown
         self.started = time.time()
         self.limits = OutboundLimits(
@@ -65,91 +51,48 @@ class Broker:
             slow_consumer_drops=self.config.slow_consumer_drops,
         )
         # Message ids the broker assigns: unique per broker run, short to send.
-        self._id_prefix = f"{_base36(time.time_ns() // 1_000_000)}-"
+        self._id_prefix = run_prefix()
         self._msg_counter = itertools.count(1)
-        self._client_counter = itertools.count(1)
+        self.registry = SessionRegistry(
+            self.config, store, self.limits, self.counters, self._id_prefix
+        )
         self._recent_ids = RecentIds(self.config.dedup_window)
         # The peer mesh, once the broker is served with one (broker.server attaches it).
         self.peering: Mesh = NullMesh()
 
-    # -- sessions ------------------------------------------------------------------------
+    # -- sessions (kept by the registry; the router adds the table and the mesh) ----------
+
+    @property
+    def sessions(self) -> dict[str, Session]:
+        return self.registry.sessions
+
+    @property
+    def durable(self) -> dict[str, Session]:
+        return self.registry.durable
+
+    @property
+    def groups(self) -> dict[str, Group]:
+        return self.registry.groups
 
     def open_session(self, client_id: str | None) -> Session:
-        if not client_id:
-            client_id = f"anon-{self._id_prefix}{next(self._client_counter)}"
-        elif client_id in self.sessions:
-            # Transient sessions: the same id twice gets a distinct internal key;
-            # durable sessions (with ids that must be unique) decide take-over.
-            client_id = f"{client_id}#{next(self._client_counter)}"
-        session = Session(client_id, self.limits, self.counters)
-        self.sessions[client_id] = session
-        return session
+        return self.registry.open_transient(client_id)
+
+    async def open_durable(self, client_id: str) -> tuple[Session, bool]:
+        return await self.registry.open_durable(client_id)
+
+    async def open_group(self, name: str) -> tuple[Group, bool]:
+        return await self.registry.open_group(name)
+
+    def sessions_info(self) -> list[dict[str, Any]]:
+        return self.registry.describe()
 
     async def load(self) -> int:
         """Restore the durable sessions in the store (their filters route again at once)."""
-        assert self.store is not None
-        records = await self.store.sessions()
-        for record in records:
-            session: Session
-            if record.group is not None:
-                session = self._new_group(record.group, record.next_seq - 1, record.last_ack)
-                await self._load_group_queue(session, record)
-            else:
-                session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
-            if record.pending and not session.shared:
-                session.track(record.next_seq - 1, record.pending_bytes, record.pending)
-            for text, dialect in record.filters:
+        restored = await self.registry.restore()
+        for session, filters in restored:
+            for text, dialect in filters:
                 self.subscribe(session, routing.parse_filter(text, dialect))
-        return len(records)
-
-    async def _load_group_queue(self, group: Group, record: SessionRecord) -> None:
-        """What no member acknowledged before the restart goes back in the group's queue."""
-        assert self.store is not None
-        after = record.last_ack
-        while page := await self.store.pending(record.client_id, after, 1000):
-            for m in page:
-                group.queue.append((m.seq, Message(m.topic, m.payload, m.headers, m.msg_id), 0))
-            after = page[-1].seq
-
-    def _new_durable(self, client_id: str, seq: int, last_ack: int) -> Session:
-        session = Session(
-            client_id, self.limits, self.counters, durable=True, seq=seq, last_ack=last_ack
-        )
-        self.durable[client_id] = session
-        return session
-
-    def _new_group(self, name: str, seq: int, last_ack: int) -> Group:
-        group = Group(
-            name,
-            self.limits,
-            self.counters,
-            self.config.group_prefetch,
-            seq=seq,
-            last_ack=last_ack,
-        )
-        self.durable[group.client_id] = group
-        self.groups[name] = group
-        return group
-
-    async def open_group(self, name: str) -> tuple[Group, bool]:
-        """Shared group ``name`` (its durable session created if new) and whether it existed."""
-        async with self._creating:  # two first members at once must not make two groups
-            group = self.groups.get(name)
-            if group is not None:
-                return group, True
-            assert self.store is not None
-            record = await self.store.create_session(group_session_id(name), name)
-            return self._new_group(name, record.next_seq - 1, record.last_ack), False
-
-    async def open_durable(self, client_id: str) -> tuple[Session, bool]:
-        """The durable session ``client_id`` and whether it existed (session_present)."""
-        async with self._creating:  # two first connections at once: one session
-            session = self.durable.get(client_id)
-            if session is not None:
-                return session, True
-            assert self.store is not None
-            record = await self.store.create_session(client_id, None)
-            return self._new_durable(client_id, record.next_seq - 1, record.last_ack), False
+        return len(restored)
 
     async def persist(self, work: DurableWork) -> Pending:
         """Queue the store append for ``work`` (waiting for room); once its outcome is known
@@ -201,33 +144,6 @@ class Broker:
         for session, seq in deliveries:
             session.mark_committed(seq)
 
-    def sessions_info(self) -> list[dict[str, Any]]:
-        """What an operator sees of each durable session (``topiary sessions``)."""
-        return [
-            {
-                "client_id": session.client_id,
-                "filters": sorted([ref.filter, ref.dialect] for ref in session.refs.values()),
-                "connected": session.connection is not None,
-                "last_ack": session.last_ack,
-                "last_seq": session.seq,
-                "pending": session.backlog_messages,
-                "pending_bytes": session.backlog_bytes,
-                "quota_dropped": session.quota_dropped,
-                "deferred": session.deferred,  # sent from the store: queue full or away
-                **(
-                    {
-                        "group": session.name,
-                        "members": len(session.members),
-                        "queued": len(session.queue),
-                        "redelivered": session.redelivered,
-                    }
-                    if isinstance(session, Group)
-                    else {}
-                ),
-            }
-            for session in sorted(self.durable.values(), key=lambda s: s.client_id)
-        ]
-
     async def drop_session(self, client_id: str, requester: Session | None = None) -> bool:
         """Delete a durable session and what is stored for it.
 
@@ -236,7 +152,7 @@ class Broker:
         """
         if self.store is None:
             return False
-        session = self.durable.pop(client_id, None)
+        session = self.registry.durable.pop(client_id, None)
         if session is not None:
             session.durable = False
             if session is not requester:
@@ -255,7 +171,7 @@ class Broker:
                 peering.local_remove(routing.parse_filter(ref.filter, ref.dialect))
         session.refs.clear()
         session.subs.clear()
-        self.sessions.pop(session.client_id, None)
+        self.registry.forget(session)
 
     # -- subscriptions -------------------------------------------------------------------
 

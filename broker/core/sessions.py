@@ -1,0 +1,172 @@
+"""The session registry: who is connected, who is remembered, and take-over rules.
+
+Transient sessions are keyed by client id (a repeated or missing id gets a distinct
+key); durable sessions and shared groups by their store id, created in the store
+on first use and restored from it at start-up. The router owns the subscription
+table: the registry never routes, and it hands restored filters back to the
+router to subscribe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import trio
+
+from broker.config import BrokerConfig
+from broker.core.counters import Counters
+from broker.core.groups import Group, group_session_id
+from broker.core.message import Message
+from broker.core.session import OutboundLimits, Session
+from broker.store import SessionRecord, Store
+
+_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _base36(n: int) -> str:
+    digits = []
+    while True:
+        n, r = divmod(n, 36)
+        digits.append(_ALPHABET[r])
+        if not n:
+            return "".join(reversed(digits))
+
+
+def run_prefix() -> str:
+    """A prefix unique to this broker run (its start in ms, base 36), short to send: the ids
+    the broker assigns (message ids, anonymous client ids) never repeat across restarts."""
+    return f"{_base36(time.time_ns() // 1_000_000)}-"
+
+
+class SessionRegistry:
+    """Every session a broker has: transient by key, durable by client id, groups by name."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: Store | None,
+        limits: OutboundLimits,
+        counters: Counters,
+        id_prefix: str,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.limits = limits
+        self.counters = counters
+        self.sessions: dict[str, Session] = {}  # transient sessions (and group members)
+        self.durable: dict[str, Session] = {}  # durable sessions and groups, by store id
+        self.groups: dict[str, Group] = {}
+        self._creating = trio.Lock()
+        self._id_prefix = id_prefix
+        self._client_counter = itertools.count(1)
+
+    # -- transient -----------------------------------------------------------------------
+
+    def open_transient(self, client_id: str | None) -> Session:
+        if not client_id:
+            client_id = f"anon-{self._id_prefix}{next(self._client_counter)}"
+        elif client_id in self.sessions:
+            # Transient sessions: the same id twice gets a distinct internal key;
+            # durable sessions (with ids that must be unique) decide take-over.
+            client_id = f"{client_id}#{next(self._client_counter)}"
+        session = Session(client_id, self.limits, self.counters)
+        self.sessions[client_id] = session
+        return session
+
+    def forget(self, session: Session) -> None:
+        """A transient session (or a durable one being dropped) is gone."""
+        self.sessions.pop(session.client_id, None)
+
+    # -- durable and groups --------------------------------------------------------------
+
+    async def open_durable(self, client_id: str) -> tuple[Session, bool]:
+        """The durable session ``client_id`` and whether it existed (session_present)."""
+        async with self._creating:  # two first connections at once: one session
+            session = self.durable.get(client_id)
+            if session is not None:
+                return session, True
+            assert self.store is not None
+            record = await self.store.create_session(client_id, None)
+            return self._new_durable(client_id, record.next_seq - 1, record.last_ack), False
+
+    async def open_group(self, name: str) -> tuple[Group, bool]:
+        """Shared group ``name`` (its durable session created if new) and whether it existed."""
+        async with self._creating:  # two first members at once must not make two groups
+            group = self.groups.get(name)
+            if group is not None:
+                return group, True
+            assert self.store is not None
+            record = await self.store.create_session(group_session_id(name), name)
+            return self._new_group(name, record.next_seq - 1, record.last_ack), False
+
+    async def restore(self) -> list[tuple[Session, tuple[tuple[str, str], ...]]]:
+        """The durable sessions and groups in the store, each with its (filter, dialect)s for
+        the router to subscribe again; what a group's members had not acknowledged goes back
+        in its queue."""
+        assert self.store is not None
+        restored = []
+        for record in await self.store.sessions():
+            session: Session
+            if record.group is not None:
+                session = self._new_group(record.group, record.next_seq - 1, record.last_ack)
+                await self._load_group_queue(session, record)
+            else:
+                session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
+                if record.pending:
+                    session.track(record.next_seq - 1, record.pending_bytes, record.pending)
+            restored.append((session, record.filters))
+        return restored
+
+    async def _load_group_queue(self, group: Group, record: SessionRecord) -> None:
+        assert self.store is not None
+        after = record.last_ack
+        while page := await self.store.pending(record.client_id, after, 1000):
+            for m in page:
+                group.queue.append((m.seq, Message(m.topic, m.payload, m.headers, m.msg_id), 0))
+            after = page[-1].seq
+
+    def _new_durable(self, client_id: str, seq: int, last_ack: int) -> Session:
+        session = Session(
+            client_id, self.limits, self.counters, durable=True, seq=seq, last_ack=last_ack
+        )
+        self.durable[client_id] = session
+        return session
+
+    def _new_group(self, name: str, seq: int, last_ack: int) -> Group:
+        group = Group(
+            name, self.limits, self.counters, self.config.group_prefetch, seq=seq, last_ack=last_ack
+        )
+        self.durable[group.client_id] = group
+        self.groups[name] = group
+        return group
+
+    # -- operators -----------------------------------------------------------------------
+
+    def describe(self) -> list[dict[str, Any]]:
+        """What an operator sees of each durable session (``topiary sessions``)."""
+        return [
+            {
+                "client_id": session.client_id,
+                "filters": sorted([ref.filter, ref.dialect] for ref in session.refs.values()),
+                "connected": session.connection is not None,
+                "last_ack": session.last_ack,
+                "last_seq": session.seq,
+                "pending": session.backlog_messages,
+                "pending_bytes": session.backlog_bytes,
+                "quota_dropped": session.quota_dropped,
+                "deferred": session.deferred,  # sent from the store: queue full or away
+                **(
+                    {
+                        "group": session.name,
+                        "members": len(session.members),
+                        "queued": len(session.queue),
+                        "redelivered": session.redelivered,
+                    }
+                    if isinstance(session, Group)
+                    else {}
+                ),
+            }
+            for session in sorted(self.durable.values(), key=lambda s: s.client_id)
+        ]
