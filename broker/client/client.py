@@ -47,6 +47,7 @@ import msgpack
 import trio
 
 import routing
+from broker.address import DEFAULT_PORT, parse_server
 from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError, refused_for_good
 from broker.log import get_logger
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
@@ -77,7 +78,6 @@ from broker.wire.frames import (
 )
 from broker.wire.states import State
 
-DEFAULT_PORT = 7474
 RECEIVE_SIZE = 256 * 1024
 WRITE_BUFFER_LIMIT = 1024 * 1024
 YIELD_AT = 64 * 1024  # a publisher in a tight loop lets the writer run every ~64 KiB
@@ -143,32 +143,6 @@ class Message:
     @property
     def text(self) -> str:
         return self.payload.decode("utf-8")
-
-
-def parse_server(server: str | tuple[str, int]) -> tuple[str, int]:
-    """``host:port``, ``host`` or ``(host, port)``; raises ValueError saying what is wrong."""
-    if isinstance(server, tuple):
-        host, port = server
-    else:
-        text = server.strip()
-        if not text:
-            raise ValueError("server address is empty")
-        if text.startswith("["):  # [::1]:7474
-            host, _, rest = text[1:].partition("]")
-            port_text = rest[1:] if rest.startswith(":") else str(DEFAULT_PORT)
-        elif text.count(":") == 1:
-            host, port_text = text.split(":")
-        else:
-            host, port_text = text, str(DEFAULT_PORT)
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise ValueError(f"bad port {port_text!r} in server address {server!r}") from None
-    if not host:
-        raise ValueError(f"no host in server address {server!r}")
-    if not 0 < port < 65536:
-        raise ValueError(f"port must be in 1..65535, got {port}")
-    return host, port
 
 
 #: What a publish's waiter is resolved with on the fast path (nobody reads its id).
