@@ -128,7 +128,7 @@ def test_a_read_of_pubacks_resolves_their_waiters_and_leaves_the_rest() -> None:
     """The reader's PUBACK fast path: every id width msgpack has, in the broker's encoding;
     it stops at the first other frame (or partial frame) and returns the rest untouched."""
     from broker.client import Client
-    from broker.client.client import _Waiter
+    from broker.client.waiters import Waiter as _Waiter
     from broker.wire.codec import encode_puback
     from broker.wire.frames import Pong, encode_frame
 
