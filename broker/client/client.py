@@ -28,14 +28,16 @@ second ``subscribe`` waits for its SUBACK behind the first one's messages.
 With ``reconnect=True`` a lost connection is re-established with exponential
 backoff and jitter; subscriptions are renewed and unconfirmed confirmed
 publishes are sent again (with the same message id, so a broker that keeps
-ids can drop the duplicate). Messages published while disconnected wait.
+ids can drop the duplicate). Messages published while disconnected wait. A
+broker that refuses the new connection for good (``broker.errors.refused_for_good``:
+a bad token, another protocol version) fails the client with that BrokerError,
+as it fails ``connect``: waiting would not change its answer.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import random
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -46,12 +48,13 @@ import trio
 
 import routing
 from broker.address import DEFAULT_PORT, parse_server
-from broker.client.errors import BrokerError, ConnectionLost
+from broker.client.errors import BrokerError, ConnectionLost, worth_retrying
 from broker.client.pubacks import take_pubacks
 from broker.client.subscription import Message, Subscription
 from broker.client.waiters import Batch, BatchPart, Pending, Waiter
-from broker.errors import ErrorCode, RemoteProtocolError
+from broker.errors import RemoteProtocolError, refused_for_good
 from broker.log import get_logger
+from broker.net import RECEIVE_SIZE, Backoff, receive_frame
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
 from broker.wire.frames import (
     MAX_MSG_ID_BYTES,
@@ -80,7 +83,6 @@ from broker.wire.frames import (
 )
 from broker.wire.states import State
 
-RECEIVE_SIZE = 256 * 1024
 WRITE_BUFFER_LIMIT = 1024 * 1024
 YIELD_AT = 64 * 1024  # a publisher in a tight loop lets the writer run every ~64 KiB
 SUBSCRIPTION_BUFFER = 1000
@@ -162,17 +164,12 @@ class Client:
         )
         try:
             await stream.send_all(proto.send(hello))
-            while True:
-                event = proto.next_event()
-                if event is NEED_DATA:
-                    proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
-                    continue
-                if isinstance(event, ConnectionClosed):
-                    raise ConnectionLost("the broker closed the connection during the handshake")
-                if isinstance(event, Error):
-                    raise BrokerError(event.code, event.text, event.ref)
-                assert isinstance(event, Welcome)
-                break
+            event = await receive_frame(proto, stream.receive_some)
+            if event is None:
+                raise ConnectionLost("the broker closed the connection during the handshake")
+            if isinstance(event, Error):
+                raise BrokerError(event.code, event.text, event.ref)
+            assert isinstance(event, Welcome)
         except BaseException:
             await trio.aclose_forcefully(stream)
             raise
@@ -190,27 +187,34 @@ class Client:
             error = await self._session()
             if self._closing:
                 return
-            if not self.reconnect or (
-                isinstance(error, BrokerError) and error.code == ErrorCode.AUTH_FAILED
+            if self.reconnect and not (
+                isinstance(error, BrokerError) and refused_for_good(error.code)
             ):
-                self._fail(error or ConnectionLost("connection closed by the broker"))
-                return
-            self._connected = trio.Event()
-            await self._reconnect()
+                self._connected = trio.Event()
+                error = await self._reconnect()
+                if error is None:
+                    continue
+            self._fail(error or ConnectionLost("connection closed by the broker"))
+            return
 
-    async def _reconnect(self) -> None:
-        delay, limit = self.backoff
+    async def _reconnect(self) -> Exception | None:
+        """Connect again, with backoff, until connected (None) or refused for good (that
+        refusal: a bad token or another protocol version will not pass by waiting)."""
+        backoff = Backoff(*self.backoff)
         while not self._closing:
-            await trio.sleep(delay * (0.5 + random.random()))
+            await backoff.wait()
             try:
                 await self._open()
             except (OSError, ConnectionLost, BrokerError, trio.BrokenResourceError) as exc:
-                log.info("reconnect failed", error=str(exc), retry_in=delay)
-                delay = min(delay * 2, limit)
+                if not worth_retrying(exc):
+                    log.warning("reconnect refused", error=str(exc))
+                    return exc
+                log.info("reconnect failed", error=str(exc), retry_in=round(backoff.delay, 2))
                 continue
             self.reconnects += 1
             await self._resume()
-            return
+            return None
+        return None
 
     async def _resume(self) -> None:
         """After a reconnect: renew subscriptions, resend unconfirmed requests."""
