@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from bridges.mapping import TemplateError, TopicTemplate
-from broker.config import ConfigError, parse_host_port, read_toml
+from broker.address import parse_host_port
+from broker.config import ConfigError, read_toml
 
 FORMATS = ("json", "msgpack")
 

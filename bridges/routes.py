@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from broker.config import parse_host_port
+from broker.address import parse_host_port
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role

@@ -21,9 +21,10 @@ from typing import Any, NoReturn
 import trio
 
 import routing
+from broker.address import DEFAULT_PORT, parse_server, split_address
 from broker.commands import COMMANDS_GROUP, UsageError, tune_gc
 
-DEFAULT_SERVER = "127.0.0.1:7474"
+DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -65,8 +66,6 @@ def _port(text: str) -> int:
 
 
 def _server(text: str) -> str:
-    from broker.client import parse_server
-
     try:
         parse_server(text)
     except ValueError as exc:
@@ -77,11 +76,10 @@ def _server(text: str) -> str:
 def _peer(text: str) -> str:
     """A peer broker's HOST:PORT: as ``--server``, but the port is required (IPv6 in
     brackets: ``[::1]:7474``)."""
-    _server(text)
-    _host, sep, port = text.strip().rpartition(":")
-    bare_ipv6 = text.count(":") > 1 and not text.strip().startswith("[")
-    if not sep or not port.isdigit() or bare_ipv6:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    try:
+        split_address(text, default_port=None)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text.strip()
 
 
@@ -94,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run a broker")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=_port, help="port to listen on (default 7474)")
+    serve.add_argument("--port", type=_port, help=f"port to listen on (default {DEFAULT_PORT})")
     serve.add_argument("--data-dir", help="directory for stored sessions and messages")
     serve.add_argument("--log-format", choices=["console", "json"], help="log output format")
     serve.add_argument("--config", help="TOML config file (see docs/operations.md)")

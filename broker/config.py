@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.address import DEFAULT_PORT, parse_host_port
 from broker.wire.buffer import DEFAULT_MAX_FRAME, MAX_LENGTH
 
 
@@ -61,7 +62,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     host: str = "127.0.0.1"
-    port: int = 7474
+    port: int = DEFAULT_PORT
     data_dir: str | None = None
     log_format: str = "console"
     server_id: str = field(default="")
@@ -231,16 +232,6 @@ def _check_peering(cfg: BrokerConfig) -> None:
 
 def _valid_broker_id(text: str) -> bool:
     return 0 < len(text.encode()) <= 256 and all(c.isprintable() and not c.isspace() for c in text)
-
-
-def parse_host_port(text: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) split, or None when it is not one."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        return None
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -51,6 +51,32 @@ async def test_reconnect_renews_subscriptions_after_a_broker_restart() -> None:
         second.shutdown()
 
 
+async def test_a_reconnect_refused_for_good_fails_the_client_instead_of_retrying() -> None:
+    """A broker back on the same port with another token answers AUTH_FAILED: waiting will
+    not change that, so the client fails with the refusal (it used to retry forever)."""
+    async with trio.open_nursery() as nursery:
+        first = await nursery.start(run_broker, BrokerConfig(port=0, auth_token="one"))
+        port = first.addresses[0][1]
+        async with (
+            connect(
+                ("127.0.0.1", port), credentials={"token": "one"}, reconnect=True,
+                backoff=(0.02, 0.2),
+            ) as c,
+            c.subscribe("r/>") as sub,
+        ):  # fmt: skip
+            first.shutdown()
+            await first.stopped.wait()  # its listener is closed: the port is free again
+            second = await nursery.start(run_broker, BrokerConfig(port=port, auth_token="two"))
+            with trio.fail_after(10), pytest.raises(BrokerError) as info:
+                await sub.get()
+            assert info.value.code == "AUTH_FAILED"
+            with trio.fail_after(5), pytest.raises(BrokerError) as info:
+                await c.publish("r/1", b"late", confirm=True)
+            assert info.value.code == "AUTH_FAILED"
+            assert c.reconnects == 0
+        second.shutdown()
+
+
 async def test_without_reconnect_a_lost_connection_ends_subscriptions() -> None:
     async with trio.open_nursery() as nursery:
         server = await nursery.start(run_broker, BrokerConfig(port=0))
@@ -128,7 +154,7 @@ def test_a_read_of_pubacks_resolves_their_waiters_and_leaves_the_rest() -> None:
     """The reader's PUBACK fast path: every id width msgpack has, in the broker's encoding;
     it stops at the first other frame (or partial frame) and returns the rest untouched."""
     from broker.client import Client
-    from broker.client.client import _Waiter
+    from broker.client.waiters import Waiter as _Waiter
     from broker.wire.codec import encode_puback
     from broker.wire.frames import Pong, encode_frame
 

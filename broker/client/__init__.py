@@ -1,16 +1,10 @@
 """The native client library: ``connect`` to a broker, publish, subscribe, ack."""
 
-from broker.client.client import (
-    BrokerError,
-    Client,
-    ConnectionLost,
-    Message,
-    ProtocolError,
-    Subscription,
-    connect,
-    parse_server,
-    worth_retrying,
-)
+from broker.address import parse_server
+from broker.client.client import Client, connect
+from broker.client.errors import BrokerError, ConnectionLost, worth_retrying
+from broker.client.subscription import Message, Subscription
+from broker.errors import ProtocolError
 
 __all__ = [
     "BrokerError",

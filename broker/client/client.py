@@ -28,27 +28,33 @@ second ``subscribe`` waits for its SUBACK behind the first one's messages.
 With ``reconnect=True`` a lost connection is re-established with exponential
 backoff and jitter; subscriptions are renewed and unconfirmed confirmed
 publishes are sent again (with the same message id, so a broker that keeps
-ids can drop the duplicate). Messages published while disconnected wait.
+ids can drop the duplicate). Messages published while disconnected wait. A
+broker that refuses the new connection for good (``broker.errors.refused_for_good``:
+a bad token, another protocol version) fails the client with that BrokerError,
+as it fails ``connect``: waiting would not change its answer.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import random
-import re
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import trio
 
 import routing
-from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError, refused_for_good
+from broker.address import DEFAULT_PORT, parse_server
+from broker.client.errors import BrokerError, ConnectionLost, worth_retrying
+from broker.client.pubacks import take_pubacks
+from broker.client.subscription import Message, Subscription
+from broker.client.waiters import Batch, BatchPart, Pending, Waiter
+from broker.errors import RemoteProtocolError, refused_for_good
 from broker.log import get_logger
+from broker.net import RECEIVE_SIZE, Backoff, receive_frame
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
 from broker.wire.frames import (
     MAX_MSG_ID_BYTES,
@@ -77,8 +83,6 @@ from broker.wire.frames import (
 )
 from broker.wire.states import State
 
-DEFAULT_PORT = 7474
-RECEIVE_SIZE = 256 * 1024
 WRITE_BUFFER_LIMIT = 1024 * 1024
 YIELD_AT = 64 * 1024  # a publisher in a tight loop lets the writer run every ~64 KiB
 SUBSCRIPTION_BUFFER = 1000
@@ -88,219 +92,19 @@ log = get_logger("topiary.client")
 _packb = msgpack.Packer(use_bin_type=True).pack
 
 
-def _puback_frame_pattern() -> bytes:
-    """One PUBACK frame exactly as the broker encodes it (broker/replies.py): length
-    prefix, ``{"type": "PUBACK", "id": <uint>}``; the id's bytes (without their msgpack
-    marker) are the group that matched, and the prefix must agree with the id's width."""
-    head = re.escape(_packb({"type": "PUBACK", "id": 0})[:-1])  # the map up to the id
-    forms = []
-    for marker, width in ((b"", 1), (b"\xcc", 1), (b"\xcd", 2), (b"\xce", 4), (b"\xcf", 8)):
-        size = len(_packb({"type": "PUBACK", "id": 0})) - 1 + len(marker) + width
-        value = rb"([\x00-\x7f])" if not marker else rb"([\x00-\xff]{%d})" % width
-        forms.append(re.escape(size.to_bytes(4, "big")) + head + re.escape(marker) + value)
-    return b"|".join(forms)
-
-
-# A confirming publisher reads one PUBACK per message: a read that starts with a run of
-# them is answered with two regular expressions instead of a decoded frame each.
-_PUBACK_ONE = re.compile(_puback_frame_pattern())
-_PUBACK_RUN = re.compile(b"(?:" + _puback_frame_pattern() + b")+")
 _OPEN = State.OPEN
 
 
-class BrokerError(Exception):
-    """The broker refused a request (ERROR frame): ``code`` and ``text`` say why."""
-
-    def __init__(self, code: str, text: str, ref: int | None = None) -> None:
-        super().__init__(f"{code}: {text}")
-        self.code = code
-        self.text = text
-        self.ref = ref
-
-
-class ConnectionLost(Exception):
-    """The connection ended (and ``reconnect`` was off, or the client is closing)."""
-
-
-def worth_retrying(exc: BaseException) -> bool:
-    """Whether a failed :func:`connect` may succeed later: the broker was not there, went
-    away mid-handshake, or refused for a reason of the moment (SHUTTING_DOWN); not a bad
-    token or another protocol version."""
-    if isinstance(exc, BrokerError):
-        return not refused_for_good(exc.code)
-    return isinstance(exc, (OSError, ConnectionLost, trio.BrokenResourceError))
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    topic: str
-    payload: bytes
-    headers: dict[str, str] | None
-    seq: int
-    id: str
-    sub: int
-
-    @property
-    def text(self) -> str:
-        return self.payload.decode("utf-8")
-
-
-def parse_server(server: str | tuple[str, int]) -> tuple[str, int]:
-    """``host:port``, ``host`` or ``(host, port)``; raises ValueError saying what is wrong."""
-    if isinstance(server, tuple):
-        host, port = server
-    else:
-        text = server.strip()
-        if not text:
-            raise ValueError("server address is empty")
-        if text.startswith("["):  # [::1]:7474
-            host, _, rest = text[1:].partition("]")
-            port_text = rest[1:] if rest.startswith(":") else str(DEFAULT_PORT)
-        elif text.count(":") == 1:
-            host, port_text = text.split(":")
-        else:
-            host, port_text = text, str(DEFAULT_PORT)
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise ValueError(f"bad port {port_text!r} in server address {server!r}") from None
-    if not host:
-        raise ValueError(f"no host in server address {server!r}")
-    if not 0 < port < 65536:
-        raise ValueError(f"port must be in 1..65535, got {port}")
-    return host, port
-
-
-#: What a publish's waiter is resolved with on the fast path (nobody reads its id).
-_PUBACKED = PubAck(id=0)
-
-
-class _Waiter:
-    """One request awaiting its reply. A confirming publisher has one per PUB in flight, so
-    the waiting task is parked and rescheduled directly: a ``trio.Event`` (and its parking
-    lot) per request cost the publisher more than packing the PUB."""
-
-    __slots__ = ("_task", "error", "frame", "request", "resolved")
-
-    def __init__(self, request: Frame | bytes | None) -> None:
-        self.request = request  # resent after a reconnect when not None (bytes: as they are)
-        self.frame: Frame | None = None
-        self.error: Exception | None = None
-        self.resolved = False
-        self._task: trio.lowlevel.Task | None = None
-
-    def resolve(self, frame: Frame | None = None, error: Exception | None = None) -> None:
-        self.frame = frame
-        self.error = error
-        self.resolved = True
-        task = self._task
-        if task is not None:
-            self._task = None
-            trio.lowlevel.reschedule(task)
-
-    def _abort(self, _raise_cancel: Any) -> trio.lowlevel.Abort:
-        self._task = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def wait(self) -> Frame:
-        if self.resolved:
-            await trio.lowlevel.checkpoint()
-        else:
-            self._task = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(self._abort)
-        if self.error is not None:
-            raise self.error
-        assert self.frame is not None
-        return self.frame
-
-
-class _Batch:
-    """Confirmations still awaited for one ``publish_confirmed`` call."""
-
-    __slots__ = ("done", "errors", "failure", "remaining")
-
-    def __init__(self, size: int) -> None:
-        self.remaining = size
-        self.errors: list[BrokerError | None] = [None] * size
-        self.failure: Exception | None = None
-        self.done = trio.Event()
-        if size == 0:
-            self.done.set()
-
-
-class _BatchPart:
-    """One PUB of a batch, kept (as its bytes) to be sent again after a reconnect."""
-
-    __slots__ = ("batch", "index", "request")
-
-    def __init__(self, batch: _Batch, index: int, request: bytes) -> None:
-        self.batch = batch
-        self.index = index
-        self.request = request
-
-    def resolve(self, frame: Frame | None = None, error: Exception | None = None) -> None:
-        batch = self.batch
-        if isinstance(error, BrokerError):
-            batch.errors[self.index] = error
-        elif error is not None:
-            batch.failure = error
-        batch.remaining -= 1
-        if batch.remaining == 0:
-            batch.done.set()
-
-
-class Subscription:
-    """Messages for one filter; iterate with ``async for``."""
-
-    def __init__(self, client: Client, filter: str, dialect: str, buffer: int) -> None:
-        self.client = client
-        self.filter = filter
-        self.dialect = dialect
-        self.sub_id: int | None = None
-        self._send, self._receive = trio.open_memory_channel[Message | Exception](buffer)
-        self.closed = False
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> Message:
-        try:
-            item = await self._receive.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    async def get(self) -> Message:
-        """The next message (raises ConnectionLost when the connection is gone)."""
-        try:
-            return await self.__anext__()
-        except StopAsyncIteration:
-            raise ConnectionLost("subscription closed") from None
-
-    async def unsubscribe(self) -> None:
-        """End the subscription at the broker (for a durable session: for good)."""
-        if self.sub_id is not None and not self.closed:
-            sub_id = self.sub_id
-            await self.client._request(lambda rid: Unsub(id=rid, sub=sub_id))
-            self.sub_id = None
-
-    async def _put(self, message: Message) -> None:
-        if not self.closed:
-            await self._send.send(message)
-
-    def _end(self, error: Exception | None) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if error is not None:
-            with suppress(trio.WouldBlock):
-                self._send.send_nowait(error)
-        self._send.close()
-
-
 class Client:
+    """One connection to a broker: publish, subscribe, ack and the operators' requests.
+
+    Open it with :func:`connect`, which says HELLO and runs the tasks: a reader that
+    resolves each reply's waiter by request id and hands each message to every local
+    subscription that matches, a writer that drains the write buffer, a keepalive, and
+    with ``reconnect`` the loop that opens a lost connection again. The constructor only
+    checks the address.
+    """
+
     def __init__(
         self,
         server: str | tuple[str, int],
@@ -329,7 +133,7 @@ class Client:
         self._ids = itertools.count(1)
         self._stream: trio.SocketStream | None = None
         self._proto = Connection(Role.CLIENT)
-        self._waiters: dict[int, _Waiter | _BatchPart] = {}
+        self._waiters: dict[int, Pending] = {}
         self._subs: dict[int, Subscription] = {}  # broker sub id -> subscription
         self._local = routing.SubscriptionTable()  # filter -> local Subscription objects
         self._active: list[Subscription] = []
@@ -360,17 +164,12 @@ class Client:
         )
         try:
             await stream.send_all(proto.send(hello))
-            while True:
-                event = proto.next_event()
-                if event is NEED_DATA:
-                    proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
-                    continue
-                if isinstance(event, ConnectionClosed):
-                    raise ConnectionLost("the broker closed the connection during the handshake")
-                if isinstance(event, Error):
-                    raise BrokerError(event.code, event.text, event.ref)
-                assert isinstance(event, Welcome)
-                break
+            event = await receive_frame(proto, stream.receive_some)
+            if event is None:
+                raise ConnectionLost("the broker closed the connection during the handshake")
+            if isinstance(event, Error):
+                raise BrokerError(event.code, event.text, event.ref)
+            assert isinstance(event, Welcome)
         except BaseException:
             await trio.aclose_forcefully(stream)
             raise
@@ -388,27 +187,34 @@ class Client:
             error = await self._session()
             if self._closing:
                 return
-            if not self.reconnect or (
-                isinstance(error, BrokerError) and error.code == ErrorCode.AUTH_FAILED
+            if self.reconnect and not (
+                isinstance(error, BrokerError) and refused_for_good(error.code)
             ):
-                self._fail(error or ConnectionLost("connection closed by the broker"))
-                return
-            self._connected = trio.Event()
-            await self._reconnect()
+                self._connected = trio.Event()
+                error = await self._reconnect()
+                if error is None:
+                    continue
+            self._fail(error or ConnectionLost("connection closed by the broker"))
+            return
 
-    async def _reconnect(self) -> None:
-        delay, limit = self.backoff
+    async def _reconnect(self) -> Exception | None:
+        """Connect again, with backoff, until connected (None) or refused for good (that
+        refusal: a bad token or another protocol version will not pass by waiting)."""
+        backoff = Backoff(*self.backoff)
         while not self._closing:
-            await trio.sleep(delay * (0.5 + random.random()))
+            await backoff.wait()
             try:
                 await self._open()
             except (OSError, ConnectionLost, BrokerError, trio.BrokenResourceError) as exc:
-                log.info("reconnect failed", error=str(exc), retry_in=delay)
-                delay = min(delay * 2, limit)
+                if not worth_retrying(exc):
+                    log.warning("reconnect refused", error=str(exc))
+                    return exc
+                log.info("reconnect failed", error=str(exc), retry_in=round(backoff.delay, 2))
                 continue
             self.reconnects += 1
             await self._resume()
-            return
+            return None
+        return None
 
     async def _resume(self) -> None:
         """After a reconnect: renew subscriptions, resend unconfirmed requests."""
@@ -418,7 +224,7 @@ class Client:
             if sub.closed:
                 continue
             request_id = next(self._ids)
-            waiter = _Waiter(None)
+            waiter = Waiter(None)
             self._waiters[request_id] = waiter
             self._write(Sub(id=request_id, filter=sub.filter, dialect=sub.dialect))
             self._renewals[request_id] = sub
@@ -503,24 +309,8 @@ class Client:
             # PONG: nothing to do; hearing anything is what keeps us alive
 
     def _take_pubacks(self, data: bytes) -> bytes:
-        """Resolve the waiters of the PUBACKs ``data`` starts with; the rest of ``data``.
-
-        The confirming publisher's hot path: ``next_event`` cost ~4 us per PUBACK (cut,
-        unpack, check, build a frame), a regular expression over the run ~1 us. Only for
-        frames in the broker's own encoding, only at a frame boundary (nothing buffered) and
-        in OPEN, where a PUBACK changes no state: anything else goes through ``proto``.
-        """
-        run = _PUBACK_RUN.match(data)
-        if run is None:
-            return data
-        end = run.end()
-        pop = self._waiters.pop
-        from_bytes = int.from_bytes
-        for match in _PUBACK_ONE.finditer(data, 0, end):
-            waiter = pop(from_bytes(match.group(match.lastindex), "big"), None)  # type: ignore[arg-type]
-            if waiter is not None:
-                waiter.resolve(_PUBACKED)
-        return data[end:]
+        """Resolve the waiters of the PUBACKs ``data`` starts with; the rest of ``data``."""
+        return take_pubacks(data, self._waiters)
 
     async def _dispatch(self, frame: Msg) -> None:
         message = Message(
@@ -592,7 +382,7 @@ class Client:
         await self._ready()
         request_id = next(self._ids)
         frame = make(request_id)
-        waiter = _Waiter(frame)
+        waiter = Waiter(frame)
         self._waiters[request_id] = waiter
         self._write(frame)
         return await waiter.wait()
@@ -630,7 +420,7 @@ class Client:
             wire["id"] = request_id
             body = _packb(wire)
             raw = len(body).to_bytes(4, "big") + body
-            waiter = _Waiter(raw)  # sent again as it is after a reconnect
+            waiter = Waiter(raw)  # sent again as it is after a reconnect
             self._waiters[request_id] = waiter
             self._out += raw
             self._out_ready.set()
@@ -666,7 +456,7 @@ class Client:
             if msg_id is not None and len(msg_id.encode("utf-8")) > MAX_MSG_ID_BYTES:
                 raise ValueError(f"msg_id must be at most {MAX_MSG_ID_BYTES} bytes")
         await self._ready()
-        batch = _Batch(len(messages))
+        batch = Batch(len(messages))
         out = self._out
         waiters = self._waiters
         ids = self._ids
@@ -678,7 +468,7 @@ class Client:
             wire["id"] = request_id
             body = _packb(wire)
             raw = len(body).to_bytes(4, "big") + body
-            waiters[request_id] = _BatchPart(batch, index, raw)
+            waiters[request_id] = BatchPart(batch, index, raw)
             out += raw
         self._out_ready.set()
         await batch.done.wait()
@@ -845,16 +635,3 @@ async def connect(
             nursery.cancel_scope.cancel()
     if client._stream is not None:
         await trio.aclose_forcefully(client._stream)
-
-
-__all__ = [
-    "BrokerError",
-    "Client",
-    "ConnectionLost",
-    "Message",
-    "ProtocolError",
-    "Subscription",
-    "connect",
-    "parse_server",
-    "worth_retrying",
-]

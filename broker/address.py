@@ -1,0 +1,73 @@
+"""The one rule for a broker's address, ``HOST:PORT``, and the default port.
+
+The client, the CLI, the broker's peer list and the bridge each had a copy of this rule,
+and the copies had drifted (one read ``::1:7474`` as host ``::1`` port 7474, another as
+the host ``::1:7474``). One copy keeps a string that one accepts meaning the same to all.
+
+The rule: surrounding whitespace is ignored; an IPv6 host goes in brackets
+(``[::1]:7474``), and a bare IPv6 address (more than one colon, no brackets) is a host
+without a port; the port is ASCII digits, in 1..65535. Where a port may be left out
+(``--server``, ``connect``) it defaults to :data:`DEFAULT_PORT`; a peer or a bridge's
+broker must name it. No imports, so that the CLI can check an argument without loading
+the client.
+"""
+
+from __future__ import annotations
+
+DEFAULT_PORT = 7474
+
+
+def split_address(text: str, *, default_port: int | None = DEFAULT_PORT) -> tuple[str, int]:
+    """``HOST:PORT`` as ``(host, port)``; without a port, ``default_port`` (None: the port
+    is required). Raises ValueError saying what is wrong."""
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError("server address is empty")
+    port_text: str | None
+    if stripped.startswith("["):  # [::1]:7474
+        host, bracket, rest = stripped[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"expected HOST:PORT, got {text!r}")
+        port_text = rest[1:] if rest else None
+    elif stripped.count(":") == 1:
+        host, port_text = stripped.split(":")
+    else:  # a name, or a bare IPv6 address: no port
+        host, port_text = stripped, None
+    if port_text is None:
+        port = DEFAULT_PORT if default_port is None else default_port
+    elif port_text.isascii() and port_text.removeprefix("-").isdigit():
+        port = int(port_text)  # a negative one is refused below, as out of range
+    else:
+        raise ValueError(f"bad port {port_text!r} in server address {text!r}")
+    address = _checked(host, port, text)
+    if port_text is None and default_port is None:  # checked last: the CLI's order of errors
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return address
+
+
+def _checked(host: str, port: int, address: object) -> tuple[str, int]:
+    """``(host, port)`` if the host is not empty and the port in range (``address`` is what
+    an error names), else ValueError."""
+    if not host:
+        raise ValueError(f"no host in server address {address!r}")
+    if not 0 < port < 65536:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    return host, port
+
+
+def parse_server(server: str | tuple[str, int]) -> tuple[str, int]:
+    """``host:port``, ``host`` or ``(host, port)``, the way :func:`broker.client.connect`
+    takes it; raises ValueError saying what is wrong."""
+    if isinstance(server, tuple):
+        host, port = server
+        return _checked(host, port, server)
+    return split_address(server)
+
+
+def parse_host_port(text: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` with the port required (a peer, a bridge's broker), or None when
+    ``text`` is not one; callers say what they expected in their own words."""
+    try:
+        return split_address(text, default_port=None)
+    except ValueError:
+        return None
