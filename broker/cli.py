@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from functools import partial
 from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
@@ -201,12 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.client_id is not None and not 0 < len(args.client_id.encode()) <= 256:
                 raise UsageError("--client-id must be 1..256 bytes")
             return trio.run(_sub, args)
-        if args.command == "stats":
-            return trio.run(_stats, args)
-        if args.command == "routes":
-            return trio.run(_routes, args)
-        if args.command == "sessions":
-            return trio.run(_sessions, args)
+        if args.command in ("stats", "routes"):
+            return trio.run(_print_query, args, args.command)
+        if args.command == "sessions":  # a list in the broker's order (by client id)
+            return trio.run(partial(_print_query, args, "sessions", sort_keys=False))
         if args.command == "session":
             prog = "topiary session drop"
             return trio.run(_session_drop, args)
@@ -393,33 +392,14 @@ async def _forward(sub: Any, send: trio.MemorySendChannel[Any]) -> None:
             await send.send(message)
 
 
-async def _stats(args: argparse.Namespace) -> int:
+async def _print_query(args: argparse.Namespace, query: str, *, sort_keys: bool = True) -> int:
+    """``topiary stats|routes|sessions``: one request, its answer printed as JSON."""
     from broker.client import connect
 
     _quiet_logs()
     async with connect(args.server) as client:
-        stats = await client.stats()
-    print(json.dumps(stats, indent=2, sort_keys=True))
-    return 0
-
-
-async def _routes(args: argparse.Namespace) -> int:
-    from broker.client import connect
-
-    _quiet_logs()
-    async with connect(args.server) as client:
-        routes = await client.routes()
-    print(json.dumps(routes, indent=2, sort_keys=True))
-    return 0
-
-
-async def _sessions(args: argparse.Namespace) -> int:
-    from broker.client import connect
-
-    _quiet_logs()
-    async with connect(args.server) as client:
-        sessions = await client.sessions()
-    print(json.dumps(sessions, indent=2))
+        answer = await getattr(client, query)()
+    print(json.dumps(answer, indent=2, sort_keys=sort_keys))
     return 0
 
 
