@@ -86,20 +86,27 @@ pending until a cumulative ack covers it.
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import Any, NoReturn
 
 import msgpack
 import trio
+
+from broker.store.files import fsync_directory, lock_directory
+from broker.store.records import (
+    SessionRecord,
+    StoredMessage,
+    StoreError,
+    StoreStatistics,
+    open_failure,
+)
 
 __all__ = [
     "CLEANUP_TIMEOUT",
@@ -134,58 +141,6 @@ INSERT_CHUNK = 64
 #: Prepared statements the connection keeps: every multi-row INSERT size (1..INSERT_CHUNK) of
 #: the two tables plus the rest, so that none is prepared again per batch.
 STATEMENT_CACHE = 256
-
-
-class StoreError(Exception):
-    """The store cannot do what was asked: unknown session, damaged file, store closed, ..."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """One pending delivery of a session, with its message."""
-
-    seq: int
-    msg_id: str
-    topic: str
-    payload: bytes
-    headers: dict[str, str] | None
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
-    """A durable session as stored.
-
-    ``pending`` counts its delivery rows and ``pending_bytes`` sums their payload sizes (a
-    message shared with other sessions counts for each of them).
-    """
-
-    client_id: str
-    group: str | None
-    last_ack: int
-    next_seq: int
-    filters: tuple[tuple[str, str], ...]  # (filter, dialect), sorted
-    pending: int
-    pending_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoreStatistics:
-    """Counters for operators; ``operations`` counts those of committed batches, failed or not."""
-
-    batches_committed: int
-    operations: int
-    operations_failed: int
-    mean_batch_size: float
-    max_batch_size: int
-    last_commit_ms: float
-    queued_operations: int  # waiting in the queue for the writer
-    callers_waiting_for_room: int  # backpressure: callers blocked because the queue is full
-    db_size_bytes: int  # the database file plus its WAL
-    sessions: int
-    messages: int
-    deliveries: int
-    dedup_ids: int
-    duplicates: int  # appends refused as duplicates since the store was opened
 
 
 _SCHEMA = (
@@ -232,11 +187,6 @@ _Work = Callable[["_SqliteBackend"], Any]
 _RowCounts = tuple[int, int, int, int, int]
 #: Called with an operation's error (None: it succeeded) once its outcome is known.
 _OnDone = Callable[[BaseException | None], None]
-
-
-def _open_failure(path: str, problem: str, exc: BaseException | None = None) -> StoreError:
-    detail = f" ({exc})" if exc is not None else ""
-    return StoreError(f"cannot open {path}: {problem}{detail}")
 
 
 class _SqliteBackend:
@@ -298,7 +248,7 @@ class _SqliteBackend:
                 cached_statements=STATEMENT_CACHE,
             )
         except sqlite3.Error as exc:
-            raise _open_failure(path, "SQLite cannot open it", exc) from None
+            raise open_failure(path, "SQLite cannot open it", exc) from None
         try:
             cls._configure(conn, path, durable)
             cls._check_or_create_schema(conn, path)
@@ -311,12 +261,12 @@ class _SqliteBackend:
             )
         except sqlite3.Error as exc:
             conn.close()
-            raise _open_failure(path, "database error", exc) from None
+            raise open_failure(path, "database error", exc) from None
         except BaseException:
             conn.close()
             raise
         if created:
-            _fsync_directory(os.path.dirname(os.path.abspath(path)))
+            fsync_directory(os.path.dirname(os.path.abspath(path)))
         return backend
 
     @staticmethod
@@ -324,21 +274,21 @@ class _SqliteBackend:
         try:
             (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
         except sqlite3.OperationalError as exc:
-            raise _open_failure(path, "SQLite cannot open it", exc) from None
+            raise open_failure(path, "SQLite cannot open it", exc) from None
         except sqlite3.DatabaseError as exc:
-            raise _open_failure(path, "not a SQLite database, or damaged", exc) from None
+            raise open_failure(path, "not a SQLite database, or damaged", exc) from None
         if str(mode).lower() != "wal":
-            raise _open_failure(path, f"cannot switch to WAL mode (journal_mode is {mode})")
+            raise open_failure(path, f"cannot switch to WAL mode (journal_mode is {mode})")
         conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
         conn.execute("PRAGMA fullfsync=ON")  # macOS: a real flush to the medium; elsewhere no-op
         conn.execute("PRAGMA foreign_keys=ON")
         try:
             problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
         except sqlite3.DatabaseError as exc:
-            raise _open_failure(path, "the database is damaged", exc) from None
+            raise open_failure(path, "the database is damaged", exc) from None
         if problems != ["ok"]:
             first = " ".join(str(problems[0]).split())
-            raise _open_failure(
+            raise open_failure(
                 path, f"the database is damaged (quick_check: {len(problems)} problems: {first})"
             )
 
@@ -365,22 +315,22 @@ class _SqliteBackend:
                 raise
         present = tables()
         if "meta" not in present:
-            raise _open_failure(path, "not a topiary database (no meta table)")
+            raise open_failure(path, "not a topiary database (no meta table)")
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         version = row[0] if row is not None else None
         if not isinstance(version, int):
-            raise _open_failure(path, f"not a topiary database (schema_version {version!r})")
+            raise open_failure(path, f"not a topiary database (schema_version {version!r})")
         if version > SCHEMA_VERSION:
-            raise _open_failure(
+            raise open_failure(
                 path,
                 f"schema version {version} is newer than this topiary supports "
                 f"({SCHEMA_VERSION}); use a newer topiary",
             )
         if version < SCHEMA_VERSION:
-            raise _open_failure(path, f"unknown older schema version {version}")
+            raise open_failure(path, f"unknown older schema version {version}")
         missing = _TABLES - present
         if missing:
-            raise _open_failure(path, f"tables missing: {', '.join(sorted(missing))}")
+            raise open_failure(path, f"tables missing: {', '.join(sorted(missing))}")
 
     def close(self) -> None:
         if not self.closed:
@@ -918,47 +868,6 @@ def _as_store_error(exc: Exception) -> Exception:
     return exc
 
 
-LOCK_FILENAME = "topiary.lock"
-
-
-def _lock_directory(directory: Path) -> IO[str]:
-    """Take the data directory for this process: two brokers on one store would each
-    think they own its sessions. The lock is released when the file is closed, also when
-    the process dies, so a kill -9 leaves nothing to clean up."""
-    path = directory / LOCK_FILENAME
-    try:
-        handle = open(path, "a+")  # noqa: SIM115 - held open for the store's lifetime
-    except OSError as exc:
-        raise StoreError(f"cannot open lock file {path}: {exc.strerror}") from None
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        owner = handle.read().strip() or "another process"
-        handle.close()
-        raise StoreError(
-            f"data directory {directory} is in use by {owner}: one broker per data directory"
-        ) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()}\n")
-    handle.flush()
-    return handle
-
-
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
     """Re-raise the one exception in ``group`` as itself (keeping its context), else the group.
 
@@ -1125,7 +1034,7 @@ class Store:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create data directory {directory}: {exc.strerror}") from None
-        lock = _lock_directory(directory)
+        lock = lock_directory(directory)
         try:
             async with cls._open_locked(
                 directory, retention_seconds, dedup_window, max_batch, max_queued
