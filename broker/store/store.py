@@ -100,6 +100,7 @@ import msgpack
 import trio
 
 from broker.store.files import fsync_directory, lock_directory
+from broker.store.pragmas import configure
 from broker.store.records import (
     SessionRecord,
     StoredMessage,
@@ -107,6 +108,7 @@ from broker.store.records import (
     StoreStatistics,
     open_failure,
 )
+from broker.store.schema import DB_FILENAME, SCHEMA_VERSION, check_or_create_schema
 
 __all__ = [
     "CLEANUP_TIMEOUT",
@@ -121,8 +123,6 @@ __all__ = [
     "StoredMessage",
 ]
 
-SCHEMA_VERSION = 1
-DB_FILENAME = "topiary.db"
 #: Most operations in one transaction: bounds how long one commit (and a reader behind it) takes.
 MAX_BATCH = 5_000
 #: Operations that may wait for the writer before callers wait for room.
@@ -142,44 +142,6 @@ INSERT_CHUNK = 64
 #: the two tables plus the rest, so that none is prepared again per batch.
 STATEMENT_CACHE = 256
 
-
-_SCHEMA = (
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL)",
-    """CREATE TABLE messages (
-        rowid INTEGER PRIMARY KEY,
-        msg_id TEXT NOT NULL,
-        topic TEXT NOT NULL,
-        payload BLOB NOT NULL,
-        headers BLOB NULL,
-        stored_at REAL NOT NULL,
-        refs INTEGER NOT NULL
-    )""",
-    # Only unreferenced messages (kept for retention_seconds) are in this index.
-    "CREATE INDEX messages_unreferenced ON messages (stored_at) WHERE refs <= 0",
-    """CREATE TABLE sessions (
-        client_id TEXT PRIMARY KEY,
-        grp TEXT NULL,
-        last_ack INTEGER NOT NULL,
-        next_seq INTEGER NOT NULL,
-        created_at REAL NOT NULL
-    )""",
-    """CREATE TABLE filters (
-        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
-        filter TEXT NOT NULL,
-        dialect TEXT NOT NULL,
-        PRIMARY KEY (client_id, filter, dialect)
-    )""",
-    # No foreign key on `message`: refs keeps that link, and a foreign key would need an index
-    # on deliveries(message) to check every message delete.
-    """CREATE TABLE deliveries (
-        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
-        seq INTEGER NOT NULL,
-        message INTEGER NOT NULL,
-        PRIMARY KEY (client_id, seq)
-    ) WITHOUT ROWID""",
-    "CREATE TABLE published (msg_id TEXT PRIMARY KEY, at REAL NOT NULL)",
-)
-_TABLES = frozenset({"meta", "messages", "sessions", "filters", "deliveries", "published"})
 
 # (ok, value): the value returned, or the exception raised, by one operation.
 _Outcome = tuple[bool, Any]
@@ -250,8 +212,8 @@ class _SqliteBackend:
         except sqlite3.Error as exc:
             raise open_failure(path, "SQLite cannot open it", exc) from None
         try:
-            cls._configure(conn, path, durable)
-            cls._check_or_create_schema(conn, path)
+            configure(conn, path, durable=durable)
+            check_or_create_schema(conn, path)
             backend = cls(
                 conn,
                 path,
@@ -268,69 +230,6 @@ class _SqliteBackend:
         if created:
             fsync_directory(os.path.dirname(os.path.abspath(path)))
         return backend
-
-    @staticmethod
-    def _configure(conn: sqlite3.Connection, path: str, durable: bool) -> None:
-        try:
-            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-        except sqlite3.OperationalError as exc:
-            raise open_failure(path, "SQLite cannot open it", exc) from None
-        except sqlite3.DatabaseError as exc:
-            raise open_failure(path, "not a SQLite database, or damaged", exc) from None
-        if str(mode).lower() != "wal":
-            raise open_failure(path, f"cannot switch to WAL mode (journal_mode is {mode})")
-        conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
-        conn.execute("PRAGMA fullfsync=ON")  # macOS: a real flush to the medium; elsewhere no-op
-        conn.execute("PRAGMA foreign_keys=ON")
-        try:
-            problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
-        except sqlite3.DatabaseError as exc:
-            raise open_failure(path, "the database is damaged", exc) from None
-        if problems != ["ok"]:
-            first = " ".join(str(problems[0]).split())
-            raise open_failure(
-                path, f"the database is damaged (quick_check: {len(problems)} problems: {first})"
-            )
-
-    @staticmethod
-    def _check_or_create_schema(conn: sqlite3.Connection, path: str) -> None:
-        def tables() -> set[str]:
-            rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            return {name for (name,) in rows}
-
-        if not tables():
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                if not tables():  # another process may have won the race
-                    for statement in _SCHEMA:
-                        conn.execute(statement)
-                    conn.execute(
-                        "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
-                        (SCHEMA_VERSION,),
-                    )
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        present = tables()
-        if "meta" not in present:
-            raise open_failure(path, "not a topiary database (no meta table)")
-        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        version = row[0] if row is not None else None
-        if not isinstance(version, int):
-            raise open_failure(path, f"not a topiary database (schema_version {version!r})")
-        if version > SCHEMA_VERSION:
-            raise open_failure(
-                path,
-                f"schema version {version} is newer than this topiary supports "
-                f"({SCHEMA_VERSION}); use a newer topiary",
-            )
-        if version < SCHEMA_VERSION:
-            raise open_failure(path, f"unknown older schema version {version}")
-        missing = _TABLES - present
-        if missing:
-            raise open_failure(path, f"tables missing: {', '.join(sorted(missing))}")
 
     def close(self) -> None:
         if not self.closed:
