@@ -15,7 +15,7 @@ What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
   acknowledged, trimmed or dropped with its session.
 - ``published``: the newest ``dedup_window`` publisher message ids, for duplicate filtering.
 
-Who talks to SQLite. Everything SQL lives in ``_SqliteBackend``, a plain synchronous class with
+Who talks to SQLite. Everything SQL lives in ``SqliteBackend``, a plain synchronous class with
 no trio in it (the model test in tests/test_store_model.py drives it directly). ``Store`` is
 the trio face: it reaches the backend only in a worker thread holding one
 ``CapacityLimiter(1)``, so exactly one call touches the connection at any time and the
@@ -91,24 +91,23 @@ import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager, suppress
-from functools import cache, partial
+from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
 import msgpack
 import trio
 
-from broker.store.files import fsync_directory, lock_directory
-from broker.store.pragmas import configure
+from broker.store.files import lock_directory
 from broker.store.records import (
     SessionRecord,
     StoredMessage,
     StoreError,
     StoreStatistics,
-    open_failure,
 )
-from broker.store.schema import DB_FILENAME, SCHEMA_VERSION, check_or_create_schema
+from broker.store.schema import DB_FILENAME, SCHEMA_VERSION
+from broker.store.sqlite import Append, Outcome, RowCounts, SqliteBackend, Work
 
 __all__ = [
     "CLEANUP_TIMEOUT",
@@ -132,639 +131,8 @@ MAX_QUEUED = 10_000
 LAZY_COMMIT_DELAY = 0.05
 #: Seconds that leaving the store may spend committing what is still queued.
 CLEANUP_TIMEOUT = 5.0
-#: How long a statement waits for a lock held by another connection (an operator's shell).
-BUSY_TIMEOUT_SECONDS = 5.0
-#: The dedup table is pruned back to ``dedup_window`` ids once it holds this many more.
-DEDUP_PRUNE_BATCH = 1_000
-#: Rows per multi-row INSERT of a run of appends (7 parameters each, far below SQLite's limit).
-INSERT_CHUNK = 64
-#: Prepared statements the connection keeps: every multi-row INSERT size (1..INSERT_CHUNK) of
-#: the two tables plus the rest, so that none is prepared again per batch.
-STATEMENT_CACHE = 256
-
-
-# (ok, value): the value returned, or the exception raised, by one operation.
-_Outcome = tuple[bool, Any]
-_Work = Callable[["_SqliteBackend"], Any]
-_RowCounts = tuple[int, int, int, int, int]
 #: Called with an operation's error (None: it succeeded) once its outcome is known.
 _OnDone = Callable[[BaseException | None], None]
-
-
-class _SqliteBackend:
-    """The SQL work, synchronous, on one sqlite3 connection in autocommit mode.
-
-    Mutating methods expect to run inside ``run_batch`` (a transaction with a savepoint per
-    operation); read methods run anywhere. Counts of rows (``messages``, ``deliveries``, ...)
-    are kept in memory so that ``Store.statistics()`` never touches the database; a rolled
-    back operation or batch restores them.
-    """
-
-    def __init__(
-        self,
-        conn: sqlite3.Connection,
-        path: str,
-        *,
-        retention_seconds: float,
-        dedup_window: int,
-        clock: Callable[[], float],
-    ) -> None:
-        self.conn = conn
-        self.path = path
-        self.retention_seconds = retention_seconds
-        self.dedup_window = dedup_window
-        self.dedup_slack = min(DEDUP_PRUNE_BATCH, max(1, dedup_window // 10))
-        self.clock = clock
-        self.closed = False
-        count = self._scalar
-        self.sessions_count: int = count("SELECT count(*) FROM sessions")
-        self.messages: int = count("SELECT count(*) FROM messages")
-        self.deliveries: int = count("SELECT count(*) FROM deliveries")
-        self.published: int = count("SELECT count(*) FROM published")
-        self.duplicates = 0
-
-    # -- opening and closing -------------------------------------------------------------------
-
-    @classmethod
-    def open(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        retention_seconds: float = 0.0,
-        dedup_window: int = 100_000,
-        durable: bool = True,
-        clock: Callable[[], float] = time.time,
-    ) -> _SqliteBackend:
-        """Open (creating if needed) and check the database at ``path``.
-
-        ``durable=False`` (synchronous=OFF) is for tests that do not crash the machine.
-        """
-        path = os.fspath(path)
-        created = not os.path.exists(path) or os.path.getsize(path) == 0
-        try:
-            conn = sqlite3.connect(
-                path,
-                timeout=BUSY_TIMEOUT_SECONDS,
-                isolation_level=None,
-                check_same_thread=False,
-                cached_statements=STATEMENT_CACHE,
-            )
-        except sqlite3.Error as exc:
-            raise open_failure(path, "SQLite cannot open it", exc) from None
-        try:
-            configure(conn, path, durable=durable)
-            check_or_create_schema(conn, path)
-            backend = cls(
-                conn,
-                path,
-                retention_seconds=retention_seconds,
-                dedup_window=dedup_window,
-                clock=clock,
-            )
-        except sqlite3.Error as exc:
-            conn.close()
-            raise open_failure(path, "database error", exc) from None
-        except BaseException:
-            conn.close()
-            raise
-        if created:
-            fsync_directory(os.path.dirname(os.path.abspath(path)))
-        return backend
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.conn.close()
-
-    # -- batches -------------------------------------------------------------------------------
-
-    def run_batch(self, works: Sequence[_Work]) -> tuple[bool, list[_Outcome]]:
-        """Run ``works`` in one transaction and commit; a failing operation is rolled back
-        alone (the batch runs again with a savepoint per operation).
-
-        Returns whether the transaction committed, and one outcome per operation. If the
-        transaction itself fails (BEGIN or COMMIT, or SQLite rolled everything back after an
-        I/O error), every operation fails.
-        """
-        if self.closed:
-            return self._fail_all(works, "the store is closed")
-        conn = self.conn
-        before = self.counts()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            return self._fail_all(works, f"cannot start a transaction ({exc})")
-        outcomes = self._run_optimistically(works, before)
-        if outcomes is None:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                return self._fail_all(works, f"cannot restart the transaction ({exc})")
-            outcomes = self._run_isolated(works, before)
-            if outcomes is None:
-                return self._fail_all(works, "transaction rolled back")
-        try:
-            self._prune_published()
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            self._restore(before)
-            return self._fail_all(works, f"commit failed ({exc})")
-        return True, outcomes
-
-    def _run_optimistically(
-        self, works: Sequence[_Work], before: _RowCounts
-    ) -> list[_Outcome] | None:
-        """Run the batch without a savepoint per operation: nearly always nothing fails,
-        and two statements per operation are a third of an append. If one fails, undo
-        the whole batch and return None so that it runs again, isolated."""
-        conn = self.conn
-        outcomes: list[_Outcome] = []
-        try:
-            index, count = 0, len(works)
-            while index < count:
-                if works[index].__class__ is not _Append:
-                    outcomes.append((True, works[index](self)))
-                    index += 1
-                    continue
-                end = index + 1
-                while end < count and works[end].__class__ is _Append:
-                    end += 1
-                outcomes.extend(self._append_run(works[index:end]))  # type: ignore[arg-type]
-                index = end
-        except Exception:
-            self._restore(before)
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            return None
-        return outcomes
-
-    def _run_isolated(self, works: Sequence[_Work], before: _RowCounts) -> list[_Outcome] | None:
-        """Each operation in its own savepoint, so a failing one is rolled back alone;
-        None when the whole transaction was lost."""
-        conn = self.conn
-        outcomes: list[_Outcome] = []
-        for work in works:
-            counts = self.counts()
-            try:
-                conn.execute("SAVEPOINT op")
-                value = work(self)
-            except Exception as exc:
-                self._restore(counts)
-                if not self._rollback_savepoint():
-                    self._restore(before)
-                    return None
-                outcomes.append((False, _as_store_error(exc)))
-            else:
-                conn.execute("RELEASE op")
-                outcomes.append((True, value))
-        return outcomes
-
-    def run(self, work: _Work) -> Any:
-        """Run one operation in its own transaction; return its value or raise its error."""
-        _, ((ok, value),) = self.run_batch([work])
-        if not ok:
-            raise value
-        return value
-
-    def _rollback_savepoint(self) -> bool:
-        """Undo the failed operation; False when the whole transaction is gone."""
-        if not self.conn.in_transaction:
-            return False
-        try:
-            self.conn.execute("ROLLBACK TO op")
-            self.conn.execute("RELEASE op")
-        except sqlite3.Error:
-            if self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
-            return False
-        return True
-
-    def _fail_all(self, works: Sequence[_Work], why: str) -> tuple[bool, list[_Outcome]]:
-        return False, [(False, StoreError(f"{self.path}: not stored: {why}")) for _ in works]
-
-    def counts(self) -> _RowCounts:
-        """(sessions, messages, deliveries, dedup ids, duplicates refused) as of now."""
-        return (
-            self.sessions_count,
-            self.messages,
-            self.deliveries,
-            self.published,
-            self.duplicates,
-        )
-
-    def _restore(self, counts: _RowCounts) -> None:
-        (
-            self.sessions_count,
-            self.messages,
-            self.deliveries,
-            self.published,
-            self.duplicates,
-        ) = counts
-
-    def _prune_published(self) -> None:
-        """Keep the newest ``dedup_window`` publisher ids, pruning ``dedup_slack`` at a time.
-
-        Rows are only ever deleted from the oldest end, so rowids are consecutive and
-        "rowid <= newest - window" leaves exactly the newest ``window`` ids.
-        """
-        if self.published <= self.dedup_window + self.dedup_slack:
-            return
-        cur = self.conn.execute(
-            "DELETE FROM published WHERE rowid <= (SELECT max(rowid) FROM published) - ?",
-            (self.dedup_window,),
-        )
-        self.published -= cur.rowcount
-
-    def file_size(self) -> int:
-        """Bytes of the database file and its WAL."""
-        total = 0
-        for name in (self.path, self.path + "-wal"):
-            with suppress(OSError):
-                total += os.stat(name).st_size
-        return total
-
-    # -- helpers -------------------------------------------------------------------------------
-
-    def _scalar(self, sql: str, args: Sequence[Any] = ()) -> Any:
-        row = self.conn.execute(sql, args).fetchone()
-        return None if row is None else row[0]
-
-    def _session_row(self, client_id: str, what: str) -> tuple[int, int]:
-        row = self.conn.execute(
-            "SELECT last_ack, next_seq FROM sessions WHERE client_id = ?", (client_id,)
-        ).fetchone()
-        if row is None:
-            raise StoreError(f"{what}: unknown session {client_id!r}")
-        return row
-
-    def _remove_deliveries(self, client_id: str, condition: str, args: Sequence[Any]) -> int:
-        """Delete the session's deliveries matching ``condition``, dereferencing their messages."""
-        where = f"client_id = ?{condition}"
-        params = (client_id, *args)
-        execute = self.conn.execute
-        counted = (
-            f"(SELECT message, count(*) AS n FROM deliveries WHERE {where} GROUP BY message) AS d"
-        )
-        if self.retention_seconds <= 0:
-            # Messages that lose their last reference go first, so that the UPDATE below
-            # touches only the ones still needed (none, with one session): setting refs to 0
-            # first would put each row into messages_unreferenced just before deleting it
-            # (that UPDATE was half of an ack's cost).
-            cur = execute(
-                f"DELETE FROM messages WHERE rowid IN (SELECT d.message FROM {counted} "
-                "JOIN messages AS m ON m.rowid = d.message WHERE m.refs <= d.n)",
-                params,
-            )
-            self.messages -= cur.rowcount
-        execute(
-            f"UPDATE messages SET refs = refs - d.n FROM {counted} "
-            "WHERE messages.rowid = d.message",
-            params,
-        )
-        removed = execute(f"DELETE FROM deliveries WHERE {where}", params).rowcount
-        self.deliveries -= removed
-        return removed
-
-    # -- sessions and filters ------------------------------------------------------------------
-
-    def create_session(self, client_id: str, group: str | None) -> SessionRecord:
-        cur = self.conn.execute(
-            "INSERT INTO sessions (client_id, grp, last_ack, next_seq, created_at) "
-            "VALUES (?, ?, 0, 1, ?) ON CONFLICT (client_id) DO NOTHING",
-            (client_id, group, self.clock()),
-        )
-        self.sessions_count += cur.rowcount
-        record = self.session(client_id)
-        assert record is not None
-        return record
-
-    def drop_session(self, client_id: str) -> bool:
-        if self._scalar("SELECT 1 FROM sessions WHERE client_id = ?", (client_id,)) is None:
-            return False
-        self._remove_deliveries(client_id, "", ())
-        self.conn.execute("DELETE FROM sessions WHERE client_id = ?", (client_id,))  # cascades
-        self.sessions_count -= 1
-        return True
-
-    def set_filters(self, client_id: str, filters: Sequence[tuple[str, str]]) -> None:
-        self._session_row(client_id, "set_filters")
-        self.conn.execute("DELETE FROM filters WHERE client_id = ?", (client_id,))
-        self.conn.executemany(
-            "INSERT OR IGNORE INTO filters (client_id, filter, dialect) VALUES (?, ?, ?)",
-            [(client_id, flt, dialect) for flt, dialect in filters],
-        )
-
-    def add_filter(self, client_id: str, filter: str, dialect: str) -> None:
-        self._session_row(client_id, "add_filter")
-        self.conn.execute(
-            "INSERT OR IGNORE INTO filters (client_id, filter, dialect) VALUES (?, ?, ?)",
-            (client_id, filter, dialect),
-        )
-
-    def remove_filter(self, client_id: str, filter: str, dialect: str) -> None:
-        self._session_row(client_id, "remove_filter")
-        self.conn.execute(
-            "DELETE FROM filters WHERE client_id = ? AND filter = ? AND dialect = ?",
-            (client_id, filter, dialect),
-        )
-
-    # -- messages ------------------------------------------------------------------------------
-
-    def append(
-        self,
-        *,
-        msg_id: str,
-        topic: str,
-        payload: bytes,
-        headers: bytes | None,
-        deliveries: Sequence[tuple[str, int]],
-        publisher_msg_id: str | None,
-    ) -> bool:
-        """Store the message once plus a delivery row each; False for a duplicate publish.
-
-        ``headers`` arrives msgpack-encoded already (encoded in the caller's task).
-        """
-        execute = self.conn.execute
-        now = self.clock()
-        if publisher_msg_id is not None and self.dedup_window > 0:
-            cur = execute(
-                "INSERT INTO published (msg_id, at) VALUES (?, ?) ON CONFLICT (msg_id) DO NOTHING",
-                (publisher_msg_id, now),
-            )
-            if cur.rowcount == 0:
-                self.duplicates += 1
-                return False
-            self.published += 1
-        if not deliveries and self.retention_seconds <= 0:
-            return True  # nobody needs it: nothing to keep
-        rowid = execute(
-            "INSERT INTO messages (msg_id, topic, payload, headers, stored_at, refs) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (msg_id, topic, payload, headers, now, len(deliveries)),
-        ).lastrowid
-        self.messages += 1
-        try:
-            if len(deliveries) == 1:
-                ((client_id, seq),) = deliveries
-                execute(
-                    "INSERT INTO deliveries (client_id, seq, message) VALUES (?, ?, ?)",
-                    (client_id, seq, rowid),
-                )
-            else:
-                self.conn.executemany(
-                    "INSERT INTO deliveries (client_id, seq, message) VALUES (?, ?, ?)",
-                    [(client_id, seq, rowid) for client_id, seq in deliveries],
-                )
-        except sqlite3.IntegrityError as exc:
-            raise self._append_failure(msg_id, deliveries, exc) from exc
-        self.deliveries += len(deliveries)
-        self.conn.executemany(
-            "UPDATE sessions SET next_seq = ? WHERE client_id = ? AND next_seq < ?",
-            [(seq + 1, client_id, seq + 1) for client_id, seq in deliveries],
-        )
-        return True
-
-    def _append_run(self, run: Sequence[_Append]) -> list[_Outcome]:
-        """``append`` for consecutive appends of a batch, with a few multi-row statements.
-
-        Every statement is a round through the sqlite3 module that takes the GIL from the
-        broker's trio thread; a run of N appends costs ~6 statements instead of 3 N. The
-        outcome is the same as N ``append`` calls in order: duplicates are checked one by one
-        first, rowids are assigned here (the write lock is ours), each session's ``next_seq``
-        moves once to its maximum. Any error (unknown session, a seq stored twice) raises,
-        and the caller runs the batch again one operation at a time.
-        """
-        execute = self.conn.execute
-        now = self.clock()
-        outcomes: list[_Outcome] = []
-        stored: list[_Append] = []
-        dedup = self.dedup_window > 0
-        keep_all = self.retention_seconds > 0
-        for op in run:
-            if op.publisher_msg_id is not None and dedup:
-                cur = execute(
-                    "INSERT INTO published (msg_id, at) VALUES (?, ?) "
-                    "ON CONFLICT (msg_id) DO NOTHING",
-                    (op.publisher_msg_id, now),
-                )
-                if cur.rowcount == 0:
-                    self.duplicates += 1
-                    outcomes.append((True, False))
-                    continue
-                self.published += 1
-            outcomes.append((True, True))
-            if op.deliveries or keep_all:
-                stored.append(op)
-        if not stored:
-            return outcomes
-        rowid = (self._scalar("SELECT max(rowid) FROM messages") or 0) + 1
-        messages: list[Any] = []
-        deliveries: list[Any] = []
-        next_seqs: dict[str, int] = {}
-        for op in stored:
-            refs = len(op.deliveries)
-            messages += (rowid, op.msg_id, op.topic, op.payload, op.headers, now, refs)
-            for client_id, seq in op.deliveries:
-                deliveries += (client_id, seq, rowid)
-                if next_seqs.get(client_id, 0) <= seq:
-                    next_seqs[client_id] = seq + 1
-            rowid += 1
-        self._insert_rows(
-            "INSERT INTO messages (rowid, msg_id, topic, payload, headers, stored_at, refs) "
-            "VALUES ",
-            7,
-            messages,
-        )
-        self.messages += len(stored)
-        self._insert_rows("INSERT INTO deliveries (client_id, seq, message) VALUES ", 3, deliveries)
-        self.deliveries += len(deliveries) // 3
-        execute_many = self.conn.executemany
-        execute_many(
-            "UPDATE sessions SET next_seq = ? WHERE client_id = ? AND next_seq < ?",
-            [(next_seq, client_id, next_seq) for client_id, next_seq in next_seqs.items()],
-        )
-        return outcomes
-
-    def _insert_rows(self, insert: str, width: int, values: list[Any]) -> None:
-        """Insert ``values`` (rows of ``width`` flattened) with multi-row INSERTs."""
-        execute = self.conn.execute
-        step = width * INSERT_CHUNK
-        for start in range(0, len(values), step):
-            chunk = values[start : start + step]
-            execute(_values_sql(insert, width, len(chunk) // width), chunk)
-
-    def _append_failure(
-        self, msg_id: str, deliveries: Sequence[tuple[str, int]], exc: sqlite3.IntegrityError
-    ) -> StoreError:
-        clients = sorted({client_id for client_id, _ in deliveries})
-        known = {
-            client_id
-            for client_id in clients
-            if self._scalar("SELECT 1 FROM sessions WHERE client_id = ?", (client_id,))
-        }
-        unknown = [client_id for client_id in clients if client_id not in known]
-        if unknown:
-            return StoreError(f"append {msg_id!r}: unknown session(s) {', '.join(unknown)}")
-        if "UNIQUE" in str(exc):
-            return StoreError(f"append {msg_id!r}: a (client_id, seq) is already stored ({exc})")
-        return StoreError(f"append {msg_id!r}: {exc}")
-
-    def ack(self, client_id: str, seq: int) -> int:
-        last_ack, next_seq = self._session_row(client_id, "ack")
-        removed = self._remove_deliveries(client_id, " AND seq <= ?", (seq,))
-        if seq > last_ack:
-            self.conn.execute(
-                "UPDATE sessions SET last_ack = ?, next_seq = ? WHERE client_id = ?",
-                (seq, max(next_seq, seq + 1), client_id),
-            )
-        return removed
-
-    def ack_one(self, client_id: str, seq: int) -> bool:
-        last_ack, next_seq = self._session_row(client_id, "ack_one")
-        query_lowest = "SELECT min(seq) FROM deliveries WHERE client_id = ?"
-        lowest = self._scalar(query_lowest, (client_id,))
-        if not self._remove_deliveries(client_id, " AND seq = ?", (seq,)):
-            return False
-        if seq == lowest:
-            # Everything below the lowest delivery still pending is done (every seq the broker
-            # assigned is below next_seq, and stored in order).
-            following = self._scalar(query_lowest, (client_id,))
-            watermark = next_seq - 1 if following is None else following - 1
-            if watermark > last_ack:
-                self.conn.execute(
-                    "UPDATE sessions SET last_ack = ? WHERE client_id = ?", (watermark, client_id)
-                )
-        return True
-
-    def trim(self, client_id: str, keep_messages: int) -> int:
-        if keep_messages < 0:
-            raise ValueError(f"keep_messages must be >= 0, got {keep_messages}")
-        self._session_row(client_id, "trim")
-        newest_dropped = self._scalar(
-            "SELECT seq FROM deliveries WHERE client_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
-            (client_id, keep_messages),
-        )
-        if newest_dropped is None:
-            return 0
-        return self._remove_deliveries(client_id, " AND seq <= ?", (newest_dropped,))
-
-    def trim_through(self, client_id: str, seq: int) -> int:
-        self._session_row(client_id, "trim")
-        return self._remove_deliveries(client_id, " AND seq <= ?", (seq,))
-
-    def sweep(self) -> int:
-        """Delete unreferenced messages older than ``retention_seconds``; how many."""
-        cur = self.conn.execute(
-            "DELETE FROM messages WHERE refs <= 0 AND stored_at <= ?",
-            (self.clock() - self.retention_seconds,),
-        )
-        self.messages -= cur.rowcount
-        return cur.rowcount
-
-    # -- reads ---------------------------------------------------------------------------------
-
-    def session(self, client_id: str) -> SessionRecord | None:
-        row = self.conn.execute(
-            "SELECT client_id, grp, last_ack, next_seq FROM sessions WHERE client_id = ?",
-            (client_id,),
-        ).fetchone()
-        if row is None:
-            return None
-        pending, pending_bytes = self.conn.execute(
-            "SELECT count(*), coalesce(sum(length(m.payload)), 0) FROM deliveries AS d "
-            "LEFT JOIN messages AS m ON m.rowid = d.message WHERE d.client_id = ?",
-            (client_id,),
-        ).fetchone()
-        filters = self.conn.execute(
-            "SELECT filter, dialect FROM filters WHERE client_id = ? ORDER BY filter, dialect",
-            (client_id,),
-        ).fetchall()
-        return SessionRecord(*row, tuple(filters), pending, pending_bytes)
-
-    def sessions(self) -> list[SessionRecord]:
-        filters: dict[str, list[tuple[str, str]]] = {}
-        for client_id, flt, dialect in self.conn.execute(
-            "SELECT client_id, filter, dialect FROM filters ORDER BY client_id, filter, dialect"
-        ):
-            filters.setdefault(client_id, []).append((flt, dialect))
-        rows = self.conn.execute(
-            "SELECT s.client_id, s.grp, s.last_ack, s.next_seq, count(d.seq), "
-            "coalesce(sum(length(m.payload)), 0) FROM sessions AS s "
-            "LEFT JOIN deliveries AS d ON d.client_id = s.client_id "
-            "LEFT JOIN messages AS m ON m.rowid = d.message "
-            "GROUP BY s.client_id ORDER BY s.client_id"
-        )
-        return [
-            SessionRecord(
-                client_id, group, last_ack, next_seq, tuple(filters.get(client_id, ())), n, size
-            )
-            for client_id, group, last_ack, next_seq, n, size in rows
-        ]
-
-    def pending(self, client_id: str, after_seq: int, limit: int) -> list[StoredMessage]:
-        if limit <= 0:
-            return []
-        rows = self.conn.execute(
-            "SELECT d.seq, m.msg_id, m.topic, m.payload, m.headers FROM deliveries AS d "
-            "JOIN messages AS m ON m.rowid = d.message "
-            "WHERE d.client_id = ? AND d.seq > ? ORDER BY d.seq LIMIT ?",
-            (client_id, after_seq, limit),
-        )
-        unpack = msgpack.unpackb
-        return [
-            StoredMessage(seq, msg_id, topic, payload, None if headers is None else unpack(headers))
-            for seq, msg_id, topic, payload, headers in rows
-        ]
-
-
-@cache
-def _values_sql(insert: str, width: int, rows: int) -> str:
-    row = "(" + ",".join("?" * width) + ")"
-    return insert + ",".join([row] * rows)
-
-
-class _Append:
-    """One queued ``append``: a plain object rather than a partial, so that a batch can
-    recognise a run of them and store it with multi-row statements (``_append_run``)."""
-
-    __slots__ = ("deliveries", "headers", "msg_id", "payload", "publisher_msg_id", "topic")
-
-    def __init__(
-        self,
-        msg_id: str,
-        topic: str,
-        payload: bytes,
-        headers: bytes | None,
-        deliveries: Sequence[tuple[str, int]],
-        publisher_msg_id: str | None,
-    ) -> None:
-        self.msg_id = msg_id
-        self.topic = topic
-        self.payload = payload
-        self.headers = headers  # msgpack-encoded already
-        self.deliveries = deliveries
-        self.publisher_msg_id = publisher_msg_id
-
-    def __call__(self, backend: _SqliteBackend) -> bool:
-        return backend.append(
-            msg_id=self.msg_id,
-            topic=self.topic,
-            payload=self.payload,
-            headers=self.headers,
-            deliveries=self.deliveries,
-            publisher_msg_id=self.publisher_msg_id,
-        )
-
-
-def _as_store_error(exc: Exception) -> Exception:
-    """sqlite3 errors become StoreError (chained); our own and programming errors pass as is."""
-    if isinstance(exc, sqlite3.Error):
-        error = StoreError(f"{type(exc).__name__}: {exc}")
-        error.__cause__ = exc
-        return error
-    return exc
 
 
 def _raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
@@ -800,7 +168,7 @@ class _Op:
 
     def __init__(
         self,
-        work: _Work,
+        work: Work,
         on_done: _OnDone | None = None,
         hurry: Callable[[], None] | None = None,
     ) -> None:
@@ -876,7 +244,7 @@ class Store:
 
     def __init__(
         self,
-        backend: _SqliteBackend,
+        backend: SqliteBackend,
         limiter: trio.CapacityLimiter,
         *,
         max_batch: int,
@@ -955,7 +323,7 @@ class Store:
         limiter = trio.CapacityLimiter(1)
         backend = await trio.to_thread.run_sync(
             partial(
-                _SqliteBackend.open,
+                SqliteBackend.open,
                 directory / DB_FILENAME,
                 retention_seconds=retention_seconds,
                 dedup_window=dedup_window,
@@ -1058,7 +426,7 @@ class Store:
             works = [op.work for op in batch]
             if math.isfinite(self._sweep_interval) and trio.current_time() >= self._next_sweep:
                 self._next_sweep = trio.current_time() + self._sweep_interval
-                works.append(_SqliteBackend.sweep)
+                works.append(SqliteBackend.sweep)
             if not works:
                 return
             # Not abandoned on cancel: once started, the batch runs to its end and the
@@ -1108,8 +476,8 @@ class Store:
             limiter.release_on_behalf_of(self)
 
     def _run_in_thread(
-        self, works: list[_Work]
-    ) -> tuple[bool, list[_Outcome], float, int, _RowCounts]:
+        self, works: list[Work]
+    ) -> tuple[bool, list[Outcome], float, int, RowCounts]:
         start = time.perf_counter()
         committed, outcomes = self._backend.run_batch(works)
         elapsed = time.perf_counter() - start
@@ -1127,7 +495,7 @@ class Store:
     # -- submitting ----------------------------------------------------------------------------
 
     async def _enqueue(
-        self, work: _Work, on_done: _OnDone | None = None, lazy: bool = False
+        self, work: Work, on_done: _OnDone | None = None, lazy: bool = False
     ) -> Pending:
         """Queue ``work`` (waiting only for room) and return its handle, not its outcome.
 
@@ -1146,7 +514,7 @@ class Store:
             raise StoreError(f"{self._backend.path}: the store is closed") from None
         return Pending(op)
 
-    def _enqueue_nowait(self, work: _Work, on_done: _OnDone | None) -> Pending:
+    def _enqueue_nowait(self, work: Work, on_done: _OnDone | None) -> Pending:
         """Queue ``work`` if there is room now; ``trio.WouldBlock`` (nothing queued) if not."""
         if self._closing:
             raise StoreError(f"{self._backend.path}: the store is closed")
@@ -1157,7 +525,7 @@ class Store:
             raise StoreError(f"{self._backend.path}: the store is closed") from None
         return Pending(op)
 
-    async def _submit(self, work: _Work) -> Any:
+    async def _submit(self, work: Work) -> Any:
         if self._closing:
             raise StoreError(f"{self._backend.path}: the store is closed")
         op = _Op(work)
@@ -1174,7 +542,7 @@ class Store:
         await op.wait_done()
         return op.unwrap()
 
-    async def _read(self, work: _Work) -> Any:
+    async def _read(self, work: Work) -> Any:
         if self._closing:
             raise StoreError(f"{self._backend.path}: the store is closed")
         try:
@@ -1187,34 +555,34 @@ class Store:
     async def create_session(self, client_id: str, group: str | None) -> SessionRecord:
         """Create the session, or return the existing one unchanged (its group included)."""
         return await self._submit(
-            partial(_SqliteBackend.create_session, client_id=client_id, group=group)
+            partial(SqliteBackend.create_session, client_id=client_id, group=group)
         )
 
     async def drop_session(self, client_id: str) -> bool:
         """Delete the session, its filters and deliveries; False if there was none."""
-        return await self._submit(partial(_SqliteBackend.drop_session, client_id=client_id))
+        return await self._submit(partial(SqliteBackend.drop_session, client_id=client_id))
 
     async def sessions(self) -> list[SessionRecord]:
         """Every session, ordered by client id."""
-        return await self._read(_SqliteBackend.sessions)
+        return await self._read(SqliteBackend.sessions)
 
     async def session(self, client_id: str) -> SessionRecord | None:
-        return await self._read(partial(_SqliteBackend.session, client_id=client_id))
+        return await self._read(partial(SqliteBackend.session, client_id=client_id))
 
     async def set_filters(self, client_id: str, filters: Iterable[tuple[str, str]]) -> None:
         """Replace the session's filters with ``filters`` ((filter, dialect) pairs)."""
         pairs = tuple((flt, dialect) for flt, dialect in filters)
-        await self._submit(partial(_SqliteBackend.set_filters, client_id=client_id, filters=pairs))
+        await self._submit(partial(SqliteBackend.set_filters, client_id=client_id, filters=pairs))
 
     async def add_filter(self, client_id: str, filter: str, dialect: str) -> None:
         await self._submit(
-            partial(_SqliteBackend.add_filter, client_id=client_id, filter=filter, dialect=dialect)
+            partial(SqliteBackend.add_filter, client_id=client_id, filter=filter, dialect=dialect)
         )
 
     async def remove_filter(self, client_id: str, filter: str, dialect: str) -> None:
         await self._submit(
             partial(
-                _SqliteBackend.remove_filter, client_id=client_id, filter=filter, dialect=dialect
+                SqliteBackend.remove_filter, client_id=client_id, filter=filter, dialect=dialect
             )
         )
 
@@ -1238,7 +606,7 @@ class Store:
         have been stored (at-least-once).
         """
         return await self._submit(
-            _Append(
+            Append(
                 msg_id,
                 topic,
                 bytes(payload),
@@ -1264,7 +632,7 @@ class Store:
         ``append``'s result once committed; ``on_done(error)`` is called as soon as the
         outcome is known. Operations still commit in call order."""
         blob = None if headers is None else msgpack.packb(headers)
-        work = _Append(msg_id, topic, bytes(payload), blob, tuple(deliveries), publisher_msg_id)
+        work = Append(msg_id, topic, bytes(payload), blob, tuple(deliveries), publisher_msg_id)
         return await self._enqueue(work, on_done)
 
     def append_nowait(
@@ -1281,7 +649,7 @@ class Store:
         queues one per PUB between two reads); ``trio.WouldBlock``, nothing queued, when it
         is full."""
         blob = None if headers is None else msgpack.packb(headers)
-        work = _Append(msg_id, topic, bytes(payload), blob, deliveries, publisher_msg_id)
+        work = Append(msg_id, topic, bytes(payload), blob, deliveries, publisher_msg_id)
         return self._enqueue_nowait(work, on_done)
 
     async def begin_ack(self, client_id: str, seq: int) -> Pending:
@@ -1290,13 +658,13 @@ class Store:
         Lazy: the commit may wait up to ``LAZY_COMMIT_DELAY`` for other operations (not if
         someone waits for the handle). It still commits in call order with the rest."""
         return await self._enqueue(
-            partial(_SqliteBackend.ack, client_id=client_id, seq=seq), lazy=True
+            partial(SqliteBackend.ack, client_id=client_id, seq=seq), lazy=True
         )
 
     async def begin_ack_one(self, client_id: str, seq: int) -> Pending:
         """``ack_one``, returning once queued; lazy like ``begin_ack``."""
         return await self._enqueue(
-            partial(_SqliteBackend.ack_one, client_id=client_id, seq=seq), lazy=True
+            partial(SqliteBackend.ack_one, client_id=client_id, seq=seq), lazy=True
         )
 
     async def ack(self, client_id: str, seq: int) -> int:
@@ -1305,7 +673,7 @@ class Store:
         ``last_ack`` becomes ``max(last_ack, seq)`` (and ``next_seq`` stays above it); messages
         no delivery needs any more are deleted. The broker validates ``seq``; the store does not.
         """
-        return await self._submit(partial(_SqliteBackend.ack, client_id=client_id, seq=seq))
+        return await self._submit(partial(SqliteBackend.ack, client_id=client_id, seq=seq))
 
     async def ack_one(self, client_id: str, seq: int) -> bool:
         """Remove exactly one delivery (shared groups); whether it was pending.
@@ -1313,19 +681,19 @@ class Store:
         ``last_ack`` moves only when it was the lowest pending delivery: up to just below the
         next pending one, or to ``next_seq - 1`` when none is left.
         """
-        return await self._submit(partial(_SqliteBackend.ack_one, client_id=client_id, seq=seq))
+        return await self._submit(partial(SqliteBackend.ack_one, client_id=client_id, seq=seq))
 
     async def pending(self, client_id: str, after_seq: int, limit: int) -> list[StoredMessage]:
         """Up to ``limit`` pending deliveries with seq > ``after_seq``, in seq order."""
         return await self._read(
-            partial(_SqliteBackend.pending, client_id=client_id, after_seq=after_seq, limit=limit)
+            partial(SqliteBackend.pending, client_id=client_id, after_seq=after_seq, limit=limit)
         )
 
     async def begin_trim_through(self, client_id: str, seq: int) -> Pending:
         """Drop every pending delivery up to ``seq`` (a quota's drop-oldest), once queued;
         ``last_ack`` does not move."""
         return await self._enqueue(
-            partial(_SqliteBackend.trim_through, client_id=client_id, seq=seq)
+            partial(SqliteBackend.trim_through, client_id=client_id, seq=seq)
         )
 
     async def trim(self, client_id: str, keep_messages: int) -> int:
@@ -1334,7 +702,7 @@ class Store:
         ``last_ack`` does not move: the dropped seqs are simply gone (the broker counts them).
         """
         return await self._submit(
-            partial(_SqliteBackend.trim, client_id=client_id, keep_messages=keep_messages)
+            partial(SqliteBackend.trim, client_id=client_id, keep_messages=keep_messages)
         )
 
     def statistics(self) -> StoreStatistics:
