@@ -639,7 +639,7 @@ async def test_statistics_follow_the_database(tmp_path: Path, store: Store) -> N
 CRASH_CHILD = """
 import os, sys, trio
 sys.path.insert(0, sys.argv[2])
-from broker.store.store import Store
+from broker.store import Store
 
 def say(text):
     os.write(1, (text + "\\n").encode())  # one write: a line is whole or absent
@@ -773,7 +773,7 @@ def test_bench_store_runs_at_a_tiny_size(tmp_path: Path) -> None:
 
 
 async def test_begin_append_queues_without_waiting_and_commits_in_call_order(tmp_path) -> None:
-    from broker.store.store import Store
+    from broker.store import Store
 
     async with Store.open(tmp_path) as store:
         await store.create_session("s", None)
@@ -804,7 +804,7 @@ async def test_a_lazy_ack_shares_the_commit_of_the_append_queued_after_it(store:
 
 
 async def test_a_lone_lazy_ack_commits_after_the_delay(store: Store) -> None:
-    from broker.store.store import LAZY_COMMIT_DELAY
+    from broker.store.group_commit import LAZY_COMMIT_DELAY
 
     await store.create_session("s", None)
     for seq in range(1, 4):
@@ -841,7 +841,7 @@ async def test_leaving_the_store_commits_a_waiting_lazy_ack(tmp_path: Path) -> N
 
 
 async def test_a_second_store_on_the_same_directory_is_refused(tmp_path) -> None:
-    from broker.store.store import Store, StoreError
+    from broker.store import Store, StoreError
 
     async with Store.open(tmp_path) as store:
         await store.create_session("s", None)
