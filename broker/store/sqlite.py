@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -39,7 +39,10 @@ from broker.store.pragmas import configure
 from broker.store.records import SessionRecord, StoredMessage, StoreError, open_failure
 from broker.store.schema import check_or_create_schema
 
-__all__ = ["Append", "Outcome", "RowCounts", "SqliteBackend", "Work"]
+if TYPE_CHECKING:  # the outcomes of a batch are in the shape the group-commit queue resolves
+    from broker.store.group_commit import Outcome
+
+__all__ = ["Append", "RowCounts", "SqliteBackend", "Work"]
 
 #: How long a statement waits for a lock held by another connection (an operator's shell).
 BUSY_TIMEOUT_SECONDS = 5.0
@@ -52,8 +55,6 @@ INSERT_CHUNK = 64
 STATEMENT_CACHE = 256
 
 
-# (ok, value): the value returned, or the exception raised, by one operation.
-Outcome = tuple[bool, Any]
 #: One operation of a batch: a backend method with its arguments bound (or an ``Append``).
 Work = Callable[["SqliteBackend"], Any]
 #: (sessions, messages, deliveries, dedup ids, duplicates refused): see ``SqliteBackend.counts``.
