@@ -1,4 +1,4 @@
-"""broker/store.py through its async API, on real SQLite files under tmp_path.
+"""broker/store through its async API, on real SQLite files under tmp_path.
 
 The SQL rules themselves are also checked against a model in tests/test_store_model.py; this
 file covers what only the async store has (group commit, failures, shutdown, cancellation),
@@ -22,14 +22,8 @@ import pytest
 import trio
 import trio.testing
 
-from broker.store.store import (
-    DB_FILENAME,
-    SCHEMA_VERSION,
-    Store,
-    StoredMessage,
-    StoreError,
-    _SqliteBackend,
-)
+from broker.store import DB_FILENAME, SCHEMA_VERSION, Store, StoredMessage, StoreError
+from broker.store.sqlite import SqliteBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository root
@@ -392,7 +386,7 @@ async def test_unreferenced_messages_are_swept_after_the_retention_window(tmp_pa
 
 def test_retention_keeps_an_unreferenced_message_until_it_is_that_old(tmp_path: Path) -> None:
     now = [1000.0]
-    backend = _SqliteBackend.open(
+    backend = SqliteBackend.open(
         tmp_path / DB_FILENAME, retention_seconds=60, durable=False, clock=lambda: now[0]
     )
     deliveries = [("a", 1)]
@@ -411,9 +405,9 @@ def test_retention_keeps_an_unreferenced_message_until_it_is_that_old(tmp_path: 
         now[0] = 1030.0
         backend.run(lambda b: b.ack("a", 1))
         now[0] = 1059.9  # unreferenced, but stored less than 60 s ago
-        assert backend.run(_SqliteBackend.sweep) == 0
+        assert backend.run(SqliteBackend.sweep) == 0
         now[0] = 1060.0
-        assert backend.run(_SqliteBackend.sweep) == 1
+        assert backend.run(SqliteBackend.sweep) == 1
         assert backend.messages == 0
     finally:
         backend.close()
@@ -421,7 +415,7 @@ def test_retention_keeps_an_unreferenced_message_until_it_is_that_old(tmp_path: 
 
 def test_retention_never_sweeps_a_message_a_session_still_needs(tmp_path: Path) -> None:
     now = [1000.0]
-    backend = _SqliteBackend.open(
+    backend = SqliteBackend.open(
         tmp_path / DB_FILENAME, retention_seconds=60, durable=False, clock=lambda: now[0]
     )
     deliveries = [("a", 1)]
@@ -438,7 +432,7 @@ def test_retention_never_sweeps_a_message_a_session_still_needs(tmp_path: Path) 
             )
         )
         now[0] = 5000.0
-        assert backend.run(_SqliteBackend.sweep) == 0
+        assert backend.run(SqliteBackend.sweep) == 0
         assert [m.msg_id for m in backend.pending("a", 0, 10)] == ["m"]
     finally:
         backend.close()
@@ -645,7 +639,7 @@ async def test_statistics_follow_the_database(tmp_path: Path, store: Store) -> N
 CRASH_CHILD = """
 import os, sys, trio
 sys.path.insert(0, sys.argv[2])
-from broker.store.store import Store
+from broker.store import Store
 
 def say(text):
     os.write(1, (text + "\\n").encode())  # one write: a line is whole or absent
@@ -779,7 +773,7 @@ def test_bench_store_runs_at_a_tiny_size(tmp_path: Path) -> None:
 
 
 async def test_begin_append_queues_without_waiting_and_commits_in_call_order(tmp_path) -> None:
-    from broker.store.store import Store
+    from broker.store import Store
 
     async with Store.open(tmp_path) as store:
         await store.create_session("s", None)
@@ -810,7 +804,7 @@ async def test_a_lazy_ack_shares_the_commit_of_the_append_queued_after_it(store:
 
 
 async def test_a_lone_lazy_ack_commits_after_the_delay(store: Store) -> None:
-    from broker.store.store import LAZY_COMMIT_DELAY
+    from broker.store.group_commit import LAZY_COMMIT_DELAY
 
     await store.create_session("s", None)
     for seq in range(1, 4):
@@ -847,7 +841,7 @@ async def test_leaving_the_store_commits_a_waiting_lazy_ack(tmp_path: Path) -> N
 
 
 async def test_a_second_store_on_the_same_directory_is_refused(tmp_path) -> None:
-    from broker.store.store import Store, StoreError
+    from broker.store import Store, StoreError
 
     async with Store.open(tmp_path) as store:
         await store.create_session("s", None)

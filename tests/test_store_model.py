@@ -1,4 +1,4 @@
-"""Model-based test of the store's SQL (``_SqliteBackend``) against a dict of sessions.
+"""Model-based test of the store's SQL (``SqliteBackend``) against a dict of sessions.
 
 The model is what DESIGN.md says a durable session is: per client id a group, filters,
 ``last_ack``, ``next_seq`` and a dict of pending deliveries (seq -> message); plus the list of
@@ -29,14 +29,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from broker.store.store import (
-    DB_FILENAME,
-    SessionRecord,
-    StoredMessage,
-    StoreError,
-    _Append,
-    _SqliteBackend,
-)
+from broker.store import DB_FILENAME, SessionRecord, StoredMessage, StoreError
+from broker.store.sqlite import Append, SqliteBackend
 
 CLIENTS = ["a", "b", "c"]
 PUBLISHER_IDS = ["p0", "p1", "p2", "p3", "p4", "p5"]
@@ -109,8 +103,8 @@ class StoreModel(RuleBasedStateMachine):
         self.published: list[str] = []
         self.serial = 0
 
-    def _open(self) -> _SqliteBackend:
-        return _SqliteBackend.open(self.dir / DB_FILENAME, dedup_window=DEDUP_WINDOW, durable=False)
+    def _open(self) -> SqliteBackend:
+        return SqliteBackend.open(self.dir / DB_FILENAME, dedup_window=DEDUP_WINDOW, durable=False)
 
     def teardown(self) -> None:
         self.backend.close()
@@ -144,7 +138,7 @@ class StoreModel(RuleBasedStateMachine):
     def concretize(self, spec: tuple[Any, ...]) -> tuple[Any, Any]:
         """Return (work, expected) and apply the operation to the model when it succeeds."""
         name = spec[0]
-        backend = _SqliteBackend
+        backend = SqliteBackend
         if name == "create":
             _, client_id, group = spec
             self.sessions.setdefault(client_id, ModelSession(group))
@@ -221,7 +215,7 @@ class StoreModel(RuleBasedStateMachine):
         message = StoredMessage(0, f"m{self.serial}", f"t/{self.serial}", bytes(size), headers)
         deliveries = tuple((client_id, self.seq_for(client_id, mode)) for client_id in clients)
         # What the Store queues: consecutive appends of a batch are stored together.
-        work = _Append(
+        work = Append(
             message.msg_id,
             message.topic,
             message.payload,

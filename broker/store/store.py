@@ -1,962 +1,54 @@
-"""Crash-safe storage for durable sessions: SQLite in WAL mode, group commit, one thread.
+"""The trio face of the store: ``Store`` opens the data directory and queues every change.
 
-Theory of operation
--------------------
-
-What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
-
-- ``messages``: each message once, however many sessions need it. ``refs`` counts the delivery
-  rows that point at it; when it reaches 0 the message is deleted at once, or, with
-  ``retention_seconds`` > 0, by a periodic sweep once ``stored_at`` is that old.
-- ``sessions``: one row per durable session: its shared group, ``last_ack`` (every seq at or
-  below it is done) and ``next_seq`` (the next seq the broker may assign).
-- ``filters``: the session's (filter, dialect) pairs.
-- ``deliveries``: the pending queue, one row (client_id, seq, message) per delivery not yet
-  acknowledged, trimmed or dropped with its session.
-- ``published``: the newest ``dedup_window`` publisher message ids, for duplicate filtering.
-
-Who talks to SQLite. Everything SQL lives in ``_SqliteBackend``, a plain synchronous class with
-no trio in it (the model test in tests/test_store_model.py drives it directly). ``Store`` is
-the trio face: it reaches the backend only in a worker thread holding one
+``Store`` reaches the SQLite backend (sqlite.py) only in a worker thread holding one
 ``CapacityLimiter(1)``, so exactly one call touches the connection at any time and the
 limiter's hand-over orders one call after the other. Reads go through
-``trio.to_thread.run_sync(..., limiter=...)``; the writer's commits take the limiter without a
-checkpoint when it is free and start the thread at once (``Store._in_thread``), because
-``run_sync`` first yields once and a commit then started a scheduling round late (another
-task's work ran in between). trio's thread cache may run two calls on two different OS
-threads, which is why the connection is opened with ``check_same_thread=False``; it is still
-never used by two threads at once.
+``trio.to_thread.run_sync(..., limiter=...)``. Every change is an operation on one
+group-commit queue (group_commit.py): its writer commits a batch as one transaction, taking
+the limiter without a checkpoint when it is free and starting the thread at once
+(threads.py). Acks are lazy operations: no caller waits for them, so a batch of nothing but
+acks waits a moment for the next appends and shares their fsync. With ``retention_seconds``
+the same writer sweeps old unreferenced messages, with a batch or alone when nothing else is
+queued.
 
-Group commit. Every mutating call builds an operation (the backend work to run, a result
-slot, an optional ``on_done`` callback; an Event only if someone waits), puts it on a bounded
-queue (a memory channel: when ``max_queued`` operations wait, callers wait for room:
-backpressure) and waits. One writer task takes everything queued, up to ``max_batch``
-operations, and runs them in ONE transaction in the worker thread: ``BEGIN IMMEDIATE``, the
-operations, ``COMMIT``; then it resolves every operation. A run of consecutive appends is
-stored with a few multi-row INSERTs (``_append_run``): each statement is a round through the
-sqlite3 module that needs the GIL the broker's trio thread is using, so 3 statements per
-append were costly for both threads. If any operation fails, the transaction is rolled back
-and run again with each operation in its own ``SAVEPOINT`` (a failing one is rolled back
-alone and only its caller gets the error). One fsync then covers a whole batch, which is what
-makes many concurrent confirmed appends cheap. While a batch commits, the next one fills up.
-
-Lazy operations. Nobody waits for an ack's commit (``begin_ack``, ``begin_ack_one``), so a batch
-holding nothing but those waits up to ``LAZY_COMMIT_DELAY`` for an operation someone does wait
-for (an append) and commits with it: one fsync for both. Otherwise a subscriber acking while
-the publishers' appends commit got a commit of its own right behind them, and the publishers'
-next appends queued behind that fsync (in the 128-task confirm benchmark one commit in two was
-a lone ack). Waiting for a lazy operation's handle, a full batch or closing the store ends the
-wait at once. A crash may lose an ack a little longer after it was queued: its messages are
-delivered again (at-least-once); order is unchanged, so an ack queued before an append that
-committed is committed too.
-Operations commit in the order they were queued, so a broker that assigns a session's seqs
-and calls ``append`` in the same order (no await in between) stores them in seq order.
-
-Durability. ``journal_mode=WAL`` with ``synchronous=FULL``: the WAL is fsynced at every commit,
-so a call that returned survives SIGKILL of the process and a power loss or kernel crash of
-the machine. With ``synchronous=NORMAL`` a WAL database fsyncs only at checkpoints: a commit
-that returned would still survive SIGKILL (the data is in the OS page cache), but a power loss
-or OS crash could roll back the last transactions, i.e. lose messages the broker had already
-confirmed to their publishers; the database would stay consistent, just older. The broker
-promises publishers more than that, so FULL. On first creation the data directory is fsynced
-too, so the new file's directory entry is durable.
-
-Opening checks the file: ``PRAGMA quick_check`` (reads every page, so about a second per GB),
-the schema version in ``meta``, and that it is a topiary database at all. Any problem raises
-``StoreError`` with one line naming the file and the problem, never a sqlite3 traceback.
-
-Cancellation. A caller cancelled while it waits for its commit leaves its operation queued: it
-is committed anyway, or, if the store closes first without reaching it, not at all; either way
-the database is consistent. A cancelled ``append`` may therefore have been stored; the broker
-must treat that as at-least-once (the publisher gets no confirmation and may resend; the
-publisher message id drops the copy). A caller cancelled while waiting for room in the queue
-never enqueued anything.
+A cancelled ``append`` may have been stored (its operation stays queued); the broker must treat
+that as at-least-once (the publisher gets no confirmation and may resend; the publisher
+message id drops the copy).
 
 Shutdown. Leaving ``async with Store.open(...)`` (or calling ``aclose``) stops accepting
 operations, lets the writer commit everything already queued within a shielded
-``move_on_after(CLEANUP_TIMEOUT)``, fails whatever is left with ``StoreError`` and closes the
-connection (which checkpoints the WAL into the main file).
-
-Sequence numbers are the broker's: it assigns them from ``SessionRecord.next_seq`` upwards.
-The store keeps ``next_seq = max(next_seq, seq + 1)`` for every stored delivery and
-``last_ack < next_seq`` always, so after a restart ``next_seq`` is past every seq it ever
-stored. It does not check that a delivery's seq is above ``last_ack``; such a row stays
-pending until a cumulative ack covers it.
+``move_on_after(CLEANUP_TIMEOUT)`` (group_commit.py), fails whatever is left with
+``StoreError`` and closes the connection (which checkpoints the WAL into the main file).
 """
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
-from functools import cache, partial
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import Any, NoReturn
 
 import msgpack
 import trio
 
-__all__ = [
-    "CLEANUP_TIMEOUT",
-    "DB_FILENAME",
-    "MAX_BATCH",
-    "MAX_QUEUED",
-    "SCHEMA_VERSION",
-    "SessionRecord",
-    "Store",
-    "StoreError",
-    "StoreStatistics",
-    "StoredMessage",
-]
+from broker.store.files import lock_directory
+from broker.store.group_commit import GroupCommit, OnDone, Outcome, Pending
+from broker.store.records import SessionRecord, StoredMessage, StoreError, StoreStatistics
+from broker.store.schema import DB_FILENAME
+from broker.store.sqlite import Append, RowCounts, SqliteBackend, Work
+from broker.store.threads import run_sync_at_once
 
-SCHEMA_VERSION = 1
-DB_FILENAME = "topiary.db"
+__all__ = ["MAX_BATCH", "MAX_QUEUED", "Store"]
+
 #: Most operations in one transaction: bounds how long one commit (and a reader behind it) takes.
 MAX_BATCH = 5_000
 #: Operations that may wait for the writer before callers wait for room.
 MAX_QUEUED = 10_000
-#: Seconds a batch of nothing but lazy operations (acks: no caller waits for them)
-#: may wait for an operation someone does wait for, so that it shares that commit's fsync.
-LAZY_COMMIT_DELAY = 0.05
-#: Seconds that leaving the store may spend committing what is still queued.
-CLEANUP_TIMEOUT = 5.0
-#: How long a statement waits for a lock held by another connection (an operator's shell).
-BUSY_TIMEOUT_SECONDS = 5.0
-#: The dedup table is pruned back to ``dedup_window`` ids once it holds this many more.
-DEDUP_PRUNE_BATCH = 1_000
-#: Rows per multi-row INSERT of a run of appends (7 parameters each, far below SQLite's limit).
-INSERT_CHUNK = 64
-#: Prepared statements the connection keeps: every multi-row INSERT size (1..INSERT_CHUNK) of
-#: the two tables plus the rest, so that none is prepared again per batch.
-STATEMENT_CACHE = 256
-
-
-class StoreError(Exception):
-    """The store cannot do what was asked: unknown session, damaged file, store closed, ..."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """One pending delivery of a session, with its message."""
-
-    seq: int
-    msg_id: str
-    topic: str
-    payload: bytes
-    headers: dict[str, str] | None
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
-    """A durable session as stored.
-
-    ``pending`` counts its delivery rows and ``pending_bytes`` sums their payload sizes (a
-    message shared with other sessions counts for each of them).
-    """
-
-    client_id: str
-    group: str | None
-    last_ack: int
-    next_seq: int
-    filters: tuple[tuple[str, str], ...]  # (filter, dialect), sorted
-    pending: int
-    pending_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoreStatistics:
-    """Counters for operators; ``operations`` counts those of committed batches, failed or not."""
-
-    batches_committed: int
-    operations: int
-    operations_failed: int
-    mean_batch_size: float
-    max_batch_size: int
-    last_commit_ms: float
-    queued_operations: int  # waiting in the queue for the writer
-    callers_waiting_for_room: int  # backpressure: callers blocked because the queue is full
-    db_size_bytes: int  # the database file plus its WAL
-    sessions: int
-    messages: int
-    deliveries: int
-    dedup_ids: int
-    duplicates: int  # appends refused as duplicates since the store was opened
-
-
-_SCHEMA = (
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL)",
-    """CREATE TABLE messages (
-        rowid INTEGER PRIMARY KEY,
-        msg_id TEXT NOT NULL,
-        topic TEXT NOT NULL,
-        payload BLOB NOT NULL,
-        headers BLOB NULL,
-        stored_at REAL NOT NULL,
-        refs INTEGER NOT NULL
-    )""",
-    # Only unreferenced messages (kept for retention_seconds) are in this index.
-    "CREATE INDEX messages_unreferenced ON messages (stored_at) WHERE refs <= 0",
-    """CREATE TABLE sessions (
-        client_id TEXT PRIMARY KEY,
-        grp TEXT NULL,
-        last_ack INTEGER NOT NULL,
-        next_seq INTEGER NOT NULL,
-        created_at REAL NOT NULL
-    )""",
-    """CREATE TABLE filters (
-        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
-        filter TEXT NOT NULL,
-        dialect TEXT NOT NULL,
-        PRIMARY KEY (client_id, filter, dialect)
-    )""",
-    # No foreign key on `message`: refs keeps that link, and a foreign key would need an index
-    # on deliveries(message) to check every message delete.
-    """CREATE TABLE deliveries (
-        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
-        seq INTEGER NOT NULL,
-        message INTEGER NOT NULL,
-        PRIMARY KEY (client_id, seq)
-    ) WITHOUT ROWID""",
-    "CREATE TABLE published (msg_id TEXT PRIMARY KEY, at REAL NOT NULL)",
-)
-_TABLES = frozenset({"meta", "messages", "sessions", "filters", "deliveries", "published"})
-
-# (ok, value): the value returned, or the exception raised, by one operation.
-_Outcome = tuple[bool, Any]
-_Work = Callable[["_SqliteBackend"], Any]
-_RowCounts = tuple[int, int, int, int, int]
-#: Called with an operation's error (None: it succeeded) once its outcome is known.
-_OnDone = Callable[[BaseException | None], None]
-
-
-def _open_failure(path: str, problem: str, exc: BaseException | None = None) -> StoreError:
-    detail = f" ({exc})" if exc is not None else ""
-    return StoreError(f"cannot open {path}: {problem}{detail}")
-
-
-class _SqliteBackend:
-    """The SQL work, synchronous, on one sqlite3 connection in autocommit mode.
-
-    Mutating methods expect to run inside ``run_batch`` (a transaction with a savepoint per
-    operation); read methods run anywhere. Counts of rows (``messages``, ``deliveries``, ...)
-    are kept in memory so that ``Store.statistics()`` never touches the database; a rolled
-    back operation or batch restores them.
-    """
-
-    def __init__(
-        self,
-        conn: sqlite3.Connection,
-        path: str,
-        *,
-        retention_seconds: float,
-        dedup_window: int,
-        clock: Callable[[], float],
-    ) -> None:
-        self.conn = conn
-        self.path = path
-        self.retention_seconds = retention_seconds
-        self.dedup_window = dedup_window
-        self.dedup_slack = min(DEDUP_PRUNE_BATCH, max(1, dedup_window // 10))
-        self.clock = clock
-        self.closed = False
-        count = self._scalar
-        self.sessions_count: int = count("SELECT count(*) FROM sessions")
-        self.messages: int = count("SELECT count(*) FROM messages")
-        self.deliveries: int = count("SELECT count(*) FROM deliveries")
-        self.published: int = count("SELECT count(*) FROM published")
-        self.duplicates = 0
-
-    # -- opening and closing -------------------------------------------------------------------
-
-    @classmethod
-    def open(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        retention_seconds: float = 0.0,
-        dedup_window: int = 100_000,
-        durable: bool = True,
-        clock: Callable[[], float] = time.time,
-    ) -> _SqliteBackend:
-        """Open (creating if needed) and check the database at ``path``.
-
-        ``durable=False`` (synchronous=OFF) is for tests that do not crash the machine.
-        """
-        path = os.fspath(path)
-        created = not os.path.exists(path) or os.path.getsize(path) == 0
-        try:
-            conn = sqlite3.connect(
-                path,
-                timeout=BUSY_TIMEOUT_SECONDS,
-                isolation_level=None,
-                check_same_thread=False,
-                cached_statements=STATEMENT_CACHE,
-            )
-        except sqlite3.Error as exc:
-            raise _open_failure(path, "SQLite cannot open it", exc) from None
-        try:
-            cls._configure(conn, path, durable)
-            cls._check_or_create_schema(conn, path)
-            backend = cls(
-                conn,
-                path,
-                retention_seconds=retention_seconds,
-                dedup_window=dedup_window,
-                clock=clock,
-            )
-        except sqlite3.Error as exc:
-            conn.close()
-            raise _open_failure(path, "database error", exc) from None
-        except BaseException:
-            conn.close()
-            raise
-        if created:
-            _fsync_directory(os.path.dirname(os.path.abspath(path)))
-        return backend
-
-    @staticmethod
-    def _configure(conn: sqlite3.Connection, path: str, durable: bool) -> None:
-        try:
-            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-        except sqlite3.OperationalError as exc:
-            raise _open_failure(path, "SQLite cannot open it", exc) from None
-        except sqlite3.DatabaseError as exc:
-            raise _open_failure(path, "not a SQLite database, or damaged", exc) from None
-        if str(mode).lower() != "wal":
-            raise _open_failure(path, f"cannot switch to WAL mode (journal_mode is {mode})")
-        conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'OFF'}")
-        conn.execute("PRAGMA fullfsync=ON")  # macOS: a real flush to the medium; elsewhere no-op
-        conn.execute("PRAGMA foreign_keys=ON")
-        try:
-            problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
-        except sqlite3.DatabaseError as exc:
-            raise _open_failure(path, "the database is damaged", exc) from None
-        if problems != ["ok"]:
-            first = " ".join(str(problems[0]).split())
-            raise _open_failure(
-                path, f"the database is damaged (quick_check: {len(problems)} problems: {first})"
-            )
-
-    @staticmethod
-    def _check_or_create_schema(conn: sqlite3.Connection, path: str) -> None:
-        def tables() -> set[str]:
-            rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            return {name for (name,) in rows}
-
-        if not tables():
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                if not tables():  # another process may have won the race
-                    for statement in _SCHEMA:
-                        conn.execute(statement)
-                    conn.execute(
-                        "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
-                        (SCHEMA_VERSION,),
-                    )
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        present = tables()
-        if "meta" not in present:
-            raise _open_failure(path, "not a topiary database (no meta table)")
-        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        version = row[0] if row is not None else None
-        if not isinstance(version, int):
-            raise _open_failure(path, f"not a topiary database (schema_version {version!r})")
-        if version > SCHEMA_VERSION:
-            raise _open_failure(
-                path,
-                f"schema version {version} is newer than this topiary supports "
-                f"({SCHEMA_VERSION}); use a newer topiary",
-            )
-        if version < SCHEMA_VERSION:
-            raise _open_failure(path, f"unknown older schema version {version}")
-        missing = _TABLES - present
-        if missing:
-            raise _open_failure(path, f"tables missing: {', '.join(sorted(missing))}")
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.conn.close()
-
-    # -- batches -------------------------------------------------------------------------------
-
-    def run_batch(self, works: Sequence[_Work]) -> tuple[bool, list[_Outcome]]:
-        """Run ``works`` in one transaction and commit; a failing operation is rolled back
-        alone (the batch runs again with a savepoint per operation).
-
-        Returns whether the transaction committed, and one outcome per operation. If the
-        transaction itself fails (BEGIN or COMMIT, or SQLite rolled everything back after an
-        I/O error), every operation fails.
-        """
-        if self.closed:
-            return self._fail_all(works, "the store is closed")
-        conn = self.conn
-        before = self.counts()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            return self._fail_all(works, f"cannot start a transaction ({exc})")
-        outcomes = self._run_optimistically(works, before)
-        if outcomes is None:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                return self._fail_all(works, f"cannot restart the transaction ({exc})")
-            outcomes = self._run_isolated(works, before)
-            if outcomes is None:
-                return self._fail_all(works, "transaction rolled back")
-        try:
-            self._prune_published()
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            self._restore(before)
-            return self._fail_all(works, f"commit failed ({exc})")
-        return True, outcomes
-
-    def _run_optimistically(
-        self, works: Sequence[_Work], before: _RowCounts
-    ) -> list[_Outcome] | None:
-        """Run the batch without a savepoint per operation: nearly always nothing fails,
-        and two statements per operation are a third of an append. If one fails, undo
-        the whole batch and return None so that it runs again, isolated."""
-        conn = self.conn
-        outcomes: list[_Outcome] = []
-        try:
-            index, count = 0, len(works)
-            while index < count:
-                if works[index].__class__ is not _Append:
-                    outcomes.append((True, works[index](self)))
-                    index += 1
-                    continue
-                end = index + 1
-                while end < count and works[end].__class__ is _Append:
-                    end += 1
-                outcomes.extend(self._append_run(works[index:end]))  # type: ignore[arg-type]
-                index = end
-        except Exception:
-            self._restore(before)
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            return None
-        return outcomes
-
-    def _run_isolated(self, works: Sequence[_Work], before: _RowCounts) -> list[_Outcome] | None:
-        """Each operation in its own savepoint, so a failing one is rolled back alone;
-        None when the whole transaction was lost."""
-        conn = self.conn
-        outcomes: list[_Outcome] = []
-        for work in works:
-            counts = self.counts()
-            try:
-                conn.execute("SAVEPOINT op")
-                value = work(self)
-            except Exception as exc:
-                self._restore(counts)
-                if not self._rollback_savepoint():
-                    self._restore(before)
-                    return None
-                outcomes.append((False, _as_store_error(exc)))
-            else:
-                conn.execute("RELEASE op")
-                outcomes.append((True, value))
-        return outcomes
-
-    def run(self, work: _Work) -> Any:
-        """Run one operation in its own transaction; return its value or raise its error."""
-        _, ((ok, value),) = self.run_batch([work])
-        if not ok:
-            raise value
-        return value
-
-    def _rollback_savepoint(self) -> bool:
-        """Undo the failed operation; False when the whole transaction is gone."""
-        if not self.conn.in_transaction:
-            return False
-        try:
-            self.conn.execute("ROLLBACK TO op")
-            self.conn.execute("RELEASE op")
-        except sqlite3.Error:
-            if self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
-            return False
-        return True
-
-    def _fail_all(self, works: Sequence[_Work], why: str) -> tuple[bool, list[_Outcome]]:
-        return False, [(False, StoreError(f"{self.path}: not stored: {why}")) for _ in works]
-
-    def counts(self) -> _RowCounts:
-        """(sessions, messages, deliveries, dedup ids, duplicates refused) as of now."""
-        return (
-            self.sessions_count,
-            self.messages,
-            self.deliveries,
-            self.published,
-            self.duplicates,
-        )
-
-    def _restore(self, counts: _RowCounts) -> None:
-        (
-            self.sessions_count,
-            self.messages,
-            self.deliveries,
-            self.published,
-            self.duplicates,
-        ) = counts
-
-    def _prune_published(self) -> None:
-        """Keep the newest ``dedup_window`` publisher ids, pruning ``dedup_slack`` at a time.
-
-        Rows are only ever deleted from the oldest end, so rowids are consecutive and
-        "rowid <= newest - window" leaves exactly the newest ``window`` ids.
-        """
-        if self.published <= self.dedup_window + self.dedup_slack:
-            return
-        cur = self.conn.execute(
-            "DELETE FROM published WHERE rowid <= (SELECT max(rowid) FROM published) - ?",
-            (self.dedup_window,),
-        )
-        self.published -= cur.rowcount
-
-    def file_size(self) -> int:
-        """Bytes of the database file and its WAL."""
-        total = 0
-        for name in (self.path, self.path + "-wal"):
-            with suppress(OSError):
-                total += os.stat(name).st_size
-        return total
-
-    # -- helpers -------------------------------------------------------------------------------
-
-    def _scalar(self, sql: str, args: Sequence[Any] = ()) -> Any:
-        row = self.conn.execute(sql, args).fetchone()
-        return None if row is None else row[0]
-
-    def _session_row(self, client_id: str, what: str) -> tuple[int, int]:
-        row = self.conn.execute(
-            "SELECT last_ack, next_seq FROM sessions WHERE client_id = ?", (client_id,)
-        ).fetchone()
-        if row is None:
-            raise StoreError(f"{what}: unknown session {client_id!r}")
-        return row
-
-    def _remove_deliveries(self, client_id: str, condition: str, args: Sequence[Any]) -> int:
-        """Delete the session's deliveries matching ``condition``, dereferencing their messages."""
-        where = f"client_id = ?{condition}"
-        params = (client_id, *args)
-        execute = self.conn.execute
-        counted = (
-            f"(SELECT message, count(*) AS n FROM deliveries WHERE {where} GROUP BY message) AS d"
-        )
-        if self.retention_seconds <= 0:
-            # Messages that lose their last reference go first, so that the UPDATE below
-            # touches only the ones still needed (none, with one session): setting refs to 0
-            # first would put each row into messages_unreferenced just before deleting it
-            # (that UPDATE was half of an ack's cost).
-            cur = execute(
-                f"DELETE FROM messages WHERE rowid IN (SELECT d.message FROM {counted} "
-                "JOIN messages AS m ON m.rowid = d.message WHERE m.refs <= d.n)",
-                params,
-            )
-            self.messages -= cur.rowcount
-        execute(
-            f"UPDATE messages SET refs = refs - d.n FROM {counted} "
-            "WHERE messages.rowid = d.message",
-            params,
-        )
-        removed = execute(f"DELETE FROM deliveries WHERE {where}", params).rowcount
-        self.deliveries -= removed
-        return removed
-
-    # -- sessions and filters ------------------------------------------------------------------
-
-    def create_session(self, client_id: str, group: str | None) -> SessionRecord:
-        cur = self.conn.execute(
-            "INSERT INTO sessions (client_id, grp, last_ack, next_seq, created_at) "
-            "VALUES (?, ?, 0, 1, ?) ON CONFLICT (client_id) DO NOTHING",
-            (client_id, group, self.clock()),
-        )
-        self.sessions_count += cur.rowcount
-        record = self.session(client_id)
-        assert record is not None
-        return record
-
-    def drop_session(self, client_id: str) -> bool:
-        if self._scalar("SELECT 1 FROM sessions WHERE client_id = ?", (client_id,)) is None:
-            return False
-        self._remove_deliveries(client_id, "", ())
-        self.conn.execute("DELETE FROM sessions WHERE client_id = ?", (client_id,))  # cascades
-        self.sessions_count -= 1
-        return True
-
-    def set_filters(self, client_id: str, filters: Sequence[tuple[str, str]]) -> None:
-        self._session_row(client_id, "set_filters")
-        self.conn.execute("DELETE FROM filters WHERE client_id = ?", (client_id,))
-        self.conn.executemany(
-            "INSERT OR IGNORE INTO filters (client_id, filter, dialect) VALUES (?, ?, ?)",
-            [(client_id, flt, dialect) for flt, dialect in filters],
-        )
-
-    def add_filter(self, client_id: str, filter: str, dialect: str) -> None:
-        self._session_row(client_id, "add_filter")
-        self.conn.execute(
-            "INSERT OR IGNORE INTO filters (client_id, filter, dialect) VALUES (?, ?, ?)",
-            (client_id, filter, dialect),
-        )
-
-    def remove_filter(self, client_id: str, filter: str, dialect: str) -> None:
-        self._session_row(client_id, "remove_filter")
-        self.conn.execute(
-            "DELETE FROM filters WHERE client_id = ? AND filter = ? AND dialect = ?",
-            (client_id, filter, dialect),
-        )
-
-    # -- messages ------------------------------------------------------------------------------
-
-    def append(
-        self,
-        *,
-        msg_id: str,
-        topic: str,
-        payload: bytes,
-        headers: bytes | None,
-        deliveries: Sequence[tuple[str, int]],
-        publisher_msg_id: str | None,
-    ) -> bool:
-        """Store the message once plus a delivery row each; False for a duplicate publish.
-
-        ``headers`` arrives msgpack-encoded already (encoded in the caller's task).
-        """
-        execute = self.conn.execute
-        now = self.clock()
-        if publisher_msg_id is not None and self.dedup_window > 0:
-            cur = execute(
-                "INSERT INTO published (msg_id, at) VALUES (?, ?) ON CONFLICT (msg_id) DO NOTHING",
-                (publisher_msg_id, now),
-            )
-            if cur.rowcount == 0:
-                self.duplicates += 1
-                return False
-            self.published += 1
-        if not deliveries and self.retention_seconds <= 0:
-            return True  # nobody needs it: nothing to keep
-        rowid = execute(
-            "INSERT INTO messages (msg_id, topic, payload, headers, stored_at, refs) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (msg_id, topic, payload, headers, now, len(deliveries)),
-        ).lastrowid
-        self.messages += 1
-        try:
-            if len(deliveries) == 1:
-                ((client_id, seq),) = deliveries
-                execute(
-                    "INSERT INTO deliveries (client_id, seq, message) VALUES (?, ?, ?)",
-                    (client_id, seq, rowid),
-                )
-            else:
-                self.conn.executemany(
-                    "INSERT INTO deliveries (client_id, seq, message) VALUES (?, ?, ?)",
-                    [(client_id, seq, rowid) for client_id, seq in deliveries],
-                )
-        except sqlite3.IntegrityError as exc:
-            raise self._append_failure(msg_id, deliveries, exc) from exc
-        self.deliveries += len(deliveries)
-        self.conn.executemany(
-            "UPDATE sessions SET next_seq = ? WHERE client_id = ? AND next_seq < ?",
-            [(seq + 1, client_id, seq + 1) for client_id, seq in deliveries],
-        )
-        return True
-
-    def _append_run(self, run: Sequence[_Append]) -> list[_Outcome]:
-        """``append`` for consecutive appends of a batch, with a few multi-row statements.
-
-        Every statement is a round through the sqlite3 module that takes the GIL from the
-        broker's trio thread; a run of N appends costs ~6 statements instead of 3 N. The
-        outcome is the same as N ``append`` calls in order: duplicates are checked one by one
-        first, rowids are assigned here (the write lock is ours), each session's ``next_seq``
-        moves once to its maximum. Any error (unknown session, a seq stored twice) raises,
-        and the caller runs the batch again one operation at a time.
-        """
-        execute = self.conn.execute
-        now = self.clock()
-        outcomes: list[_Outcome] = []
-        stored: list[_Append] = []
-        dedup = self.dedup_window > 0
-        keep_all = self.retention_seconds > 0
-        for op in run:
-            if op.publisher_msg_id is not None and dedup:
-                cur = execute(
-                    "INSERT INTO published (msg_id, at) VALUES (?, ?) "
-                    "ON CONFLICT (msg_id) DO NOTHING",
-                    (op.publisher_msg_id, now),
-                )
-                if cur.rowcount == 0:
-                    self.duplicates += 1
-                    outcomes.append((True, False))
-                    continue
-                self.published += 1
-            outcomes.append((True, True))
-            if op.deliveries or keep_all:
-                stored.append(op)
-        if not stored:
-            return outcomes
-        rowid = (self._scalar("SELECT max(rowid) FROM messages") or 0) + 1
-        messages: list[Any] = []
-        deliveries: list[Any] = []
-        next_seqs: dict[str, int] = {}
-        for op in stored:
-            refs = len(op.deliveries)
-            messages += (rowid, op.msg_id, op.topic, op.payload, op.headers, now, refs)
-            for client_id, seq in op.deliveries:
-                deliveries += (client_id, seq, rowid)
-                if next_seqs.get(client_id, 0) <= seq:
-                    next_seqs[client_id] = seq + 1
-            rowid += 1
-        self._insert_rows(
-            "INSERT INTO messages (rowid, msg_id, topic, payload, headers, stored_at, refs) "
-            "VALUES ",
-            7,
-            messages,
-        )
-        self.messages += len(stored)
-        self._insert_rows("INSERT INTO deliveries (client_id, seq, message) VALUES ", 3, deliveries)
-        self.deliveries += len(deliveries) // 3
-        execute_many = self.conn.executemany
-        execute_many(
-            "UPDATE sessions SET next_seq = ? WHERE client_id = ? AND next_seq < ?",
-            [(next_seq, client_id, next_seq) for client_id, next_seq in next_seqs.items()],
-        )
-        return outcomes
-
-    def _insert_rows(self, insert: str, width: int, values: list[Any]) -> None:
-        """Insert ``values`` (rows of ``width`` flattened) with multi-row INSERTs."""
-        execute = self.conn.execute
-        step = width * INSERT_CHUNK
-        for start in range(0, len(values), step):
-            chunk = values[start : start + step]
-            execute(_values_sql(insert, width, len(chunk) // width), chunk)
-
-    def _append_failure(
-        self, msg_id: str, deliveries: Sequence[tuple[str, int]], exc: sqlite3.IntegrityError
-    ) -> StoreError:
-        clients = sorted({client_id for client_id, _ in deliveries})
-        known = {
-            client_id
-            for client_id in clients
-            if self._scalar("SELECT 1 FROM sessions WHERE client_id = ?", (client_id,))
-        }
-        unknown = [client_id for client_id in clients if client_id not in known]
-        if unknown:
-            return StoreError(f"append {msg_id!r}: unknown session(s) {', '.join(unknown)}")
-        if "UNIQUE" in str(exc):
-            return StoreError(f"append {msg_id!r}: a (client_id, seq) is already stored ({exc})")
-        return StoreError(f"append {msg_id!r}: {exc}")
-
-    def ack(self, client_id: str, seq: int) -> int:
-        last_ack, next_seq = self._session_row(client_id, "ack")
-        removed = self._remove_deliveries(client_id, " AND seq <= ?", (seq,))
-        if seq > last_ack:
-            self.conn.execute(
-                "UPDATE sessions SET last_ack = ?, next_seq = ? WHERE client_id = ?",
-                (seq, max(next_seq, seq + 1), client_id),
-            )
-        return removed
-
-    def ack_one(self, client_id: str, seq: int) -> bool:
-        last_ack, next_seq = self._session_row(client_id, "ack_one")
-        query_lowest = "SELECT min(seq) FROM deliveries WHERE client_id = ?"
-        lowest = self._scalar(query_lowest, (client_id,))
-        if not self._remove_deliveries(client_id, " AND seq = ?", (seq,)):
-            return False
-        if seq == lowest:
-            # Everything below the lowest delivery still pending is done (every seq the broker
-            # assigned is below next_seq, and stored in order).
-            following = self._scalar(query_lowest, (client_id,))
-            watermark = next_seq - 1 if following is None else following - 1
-            if watermark > last_ack:
-                self.conn.execute(
-                    "UPDATE sessions SET last_ack = ? WHERE client_id = ?", (watermark, client_id)
-                )
-        return True
-
-    def trim(self, client_id: str, keep_messages: int) -> int:
-        if keep_messages < 0:
-            raise ValueError(f"keep_messages must be >= 0, got {keep_messages}")
-        self._session_row(client_id, "trim")
-        newest_dropped = self._scalar(
-            "SELECT seq FROM deliveries WHERE client_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
-            (client_id, keep_messages),
-        )
-        if newest_dropped is None:
-            return 0
-        return self._remove_deliveries(client_id, " AND seq <= ?", (newest_dropped,))
-
-    def trim_through(self, client_id: str, seq: int) -> int:
-        self._session_row(client_id, "trim")
-        return self._remove_deliveries(client_id, " AND seq <= ?", (seq,))
-
-    def sweep(self) -> int:
-        """Delete unreferenced messages older than ``retention_seconds``; how many."""
-        cur = self.conn.execute(
-            "DELETE FROM messages WHERE refs <= 0 AND stored_at <= ?",
-            (self.clock() - self.retention_seconds,),
-        )
-        self.messages -= cur.rowcount
-        return cur.rowcount
-
-    # -- reads ---------------------------------------------------------------------------------
-
-    def session(self, client_id: str) -> SessionRecord | None:
-        row = self.conn.execute(
-            "SELECT client_id, grp, last_ack, next_seq FROM sessions WHERE client_id = ?",
-            (client_id,),
-        ).fetchone()
-        if row is None:
-            return None
-        pending, pending_bytes = self.conn.execute(
-            "SELECT count(*), coalesce(sum(length(m.payload)), 0) FROM deliveries AS d "
-            "LEFT JOIN messages AS m ON m.rowid = d.message WHERE d.client_id = ?",
-            (client_id,),
-        ).fetchone()
-        filters = self.conn.execute(
-            "SELECT filter, dialect FROM filters WHERE client_id = ? ORDER BY filter, dialect",
-            (client_id,),
-        ).fetchall()
-        return SessionRecord(*row, tuple(filters), pending, pending_bytes)
-
-    def sessions(self) -> list[SessionRecord]:
-        filters: dict[str, list[tuple[str, str]]] = {}
-        for client_id, flt, dialect in self.conn.execute(
-            "SELECT client_id, filter, dialect FROM filters ORDER BY client_id, filter, dialect"
-        ):
-            filters.setdefault(client_id, []).append((flt, dialect))
-        rows = self.conn.execute(
-            "SELECT s.client_id, s.grp, s.last_ack, s.next_seq, count(d.seq), "
-            "coalesce(sum(length(m.payload)), 0) FROM sessions AS s "
-            "LEFT JOIN deliveries AS d ON d.client_id = s.client_id "
-            "LEFT JOIN messages AS m ON m.rowid = d.message "
-            "GROUP BY s.client_id ORDER BY s.client_id"
-        )
-        return [
-            SessionRecord(
-                client_id, group, last_ack, next_seq, tuple(filters.get(client_id, ())), n, size
-            )
-            for client_id, group, last_ack, next_seq, n, size in rows
-        ]
-
-    def pending(self, client_id: str, after_seq: int, limit: int) -> list[StoredMessage]:
-        if limit <= 0:
-            return []
-        rows = self.conn.execute(
-            "SELECT d.seq, m.msg_id, m.topic, m.payload, m.headers FROM deliveries AS d "
-            "JOIN messages AS m ON m.rowid = d.message "
-            "WHERE d.client_id = ? AND d.seq > ? ORDER BY d.seq LIMIT ?",
-            (client_id, after_seq, limit),
-        )
-        unpack = msgpack.unpackb
-        return [
-            StoredMessage(seq, msg_id, topic, payload, None if headers is None else unpack(headers))
-            for seq, msg_id, topic, payload, headers in rows
-        ]
-
-
-@cache
-def _values_sql(insert: str, width: int, rows: int) -> str:
-    row = "(" + ",".join("?" * width) + ")"
-    return insert + ",".join([row] * rows)
-
-
-class _Append:
-    """One queued ``append``: a plain object rather than a partial, so that a batch can
-    recognise a run of them and store it with multi-row statements (``_append_run``)."""
-
-    __slots__ = ("deliveries", "headers", "msg_id", "payload", "publisher_msg_id", "topic")
-
-    def __init__(
-        self,
-        msg_id: str,
-        topic: str,
-        payload: bytes,
-        headers: bytes | None,
-        deliveries: Sequence[tuple[str, int]],
-        publisher_msg_id: str | None,
-    ) -> None:
-        self.msg_id = msg_id
-        self.topic = topic
-        self.payload = payload
-        self.headers = headers  # msgpack-encoded already
-        self.deliveries = deliveries
-        self.publisher_msg_id = publisher_msg_id
-
-    def __call__(self, backend: _SqliteBackend) -> bool:
-        return backend.append(
-            msg_id=self.msg_id,
-            topic=self.topic,
-            payload=self.payload,
-            headers=self.headers,
-            deliveries=self.deliveries,
-            publisher_msg_id=self.publisher_msg_id,
-        )
-
-
-def _as_store_error(exc: Exception) -> Exception:
-    """sqlite3 errors become StoreError (chained); our own and programming errors pass as is."""
-    if isinstance(exc, sqlite3.Error):
-        error = StoreError(f"{type(exc).__name__}: {exc}")
-        error.__cause__ = exc
-        return error
-    return exc
-
-
-LOCK_FILENAME = "topiary.lock"
-
-
-def _lock_directory(directory: Path) -> IO[str]:
-    """Take the data directory for this process: two brokers on one store would each
-    think they own its sessions. The lock is released when the file is closed, also when
-    the process dies, so a kill -9 leaves nothing to clean up."""
-    path = directory / LOCK_FILENAME
-    try:
-        handle = open(path, "a+")  # noqa: SIM115 - held open for the store's lifetime
-    except OSError as exc:
-        raise StoreError(f"cannot open lock file {path}: {exc.strerror}") from None
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        owner = handle.read().strip() or "another process"
-        handle.close()
-        raise StoreError(
-            f"data directory {directory} is in use by {owner}: one broker per data directory"
-        ) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()}\n")
-    handle.flush()
-    return handle
-
-
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
@@ -979,84 +71,6 @@ def _raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
         del only, context
 
 
-class _Op:
-    """One queued mutation: the backend method to run, and where its outcome goes.
-
-    The broker queues one per confirmed PUB, and usually only the oldest is awaited (a
-    connection's PUBACKs go out in order), so the Event is made only for a waiter.
-    ``on_done(error)`` runs when the outcome is known (``error`` None if it succeeded), in
-    commit order, before any checkpoint.
-    """
-
-    __slots__ = ("_event", "done", "error", "hurry", "on_done", "result", "work")
-
-    def __init__(
-        self,
-        work: _Work,
-        on_done: _OnDone | None = None,
-        hurry: Callable[[], None] | None = None,
-    ) -> None:
-        self.work = work
-        self.done = False
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.on_done = on_done
-        # Set on a lazy operation: its commit may wait for company (LAZY_COMMIT_DELAY) until
-        # someone waits for it; then this asks the writer not to wait.
-        self.hurry = hurry
-        self._event: trio.Event | None = None
-
-    def resolve(self, ok: bool, value: Any) -> None:
-        if self.done:
-            return
-        if ok:
-            self.result = value
-        else:
-            self.error = value
-        self.done = True
-        if self._event is not None:
-            self._event.set()
-        if self.on_done is not None:
-            self.on_done(self.error)
-
-    async def wait_done(self) -> None:
-        if self.done:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._event is None:
-            self._event = trio.Event()
-        if self.hurry is not None:
-            self.hurry()
-        await self._event.wait()
-
-    def unwrap(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-class Pending:
-    """A queued store operation; ``await wait()`` returns its result once committed."""
-
-    __slots__ = ("_op",)
-
-    def __init__(self, op: _Op) -> None:
-        self._op = op
-
-    @property
-    def done(self) -> bool:
-        return self._op.done
-
-    async def wait(self) -> Any:
-        await self._op.wait_done()
-        return self._op.unwrap()
-
-    def result(self) -> Any:
-        """The outcome of a done operation (raises its error), without a checkpoint."""
-        assert self._op.done, "not committed yet"
-        return self._op.unwrap()
-
-
 class Store:
     """Durable sessions on SQLite; see the module docstring. Create with ``Store.open``.
 
@@ -1068,7 +82,7 @@ class Store:
 
     def __init__(
         self,
-        backend: _SqliteBackend,
+        backend: SqliteBackend,
         limiter: trio.CapacityLimiter,
         *,
         max_batch: int,
@@ -1076,21 +90,21 @@ class Store:
     ) -> None:
         self._backend = backend
         self._limiter = limiter
-        self._max_batch = max_batch
-        self._send, self._receive = trio.open_memory_channel[_Op](max_queued)
-        self._closing = False
-        self._writer_done = trio.Event()
-        self._nursery: trio.Nursery | None = None
-        self._lazy_wait: trio.CancelScope | None = None  # the writer waiting for company
-        self._hurried = False  # someone waits for a lazy operation: commit without waiting
         retention = backend.retention_seconds
         self._sweep_interval = min(max(retention / 2, 0.05), 60.0) if retention > 0 else math.inf
         self._next_sweep = 0.0
+        self._queue = GroupCommit(
+            self._run_batch,
+            name=backend.path,
+            noun="store",
+            error=StoreError,
+            max_batch=max_batch,
+            max_queued=max_queued,
+            idle_interval=self._sweep_interval,
+        )
+        # append_nowait is the broker's hot path (one call per PUB): bound once, not per call.
+        self._enqueue_nowait = self._queue.enqueue_nowait
         # statistics
-        self._batches = 0
-        self._operations = 0
-        self._failed = 0
-        self._max_batch_seen = 0
         self._last_commit_ms = 0.0
         self._db_size = backend.file_size()
         # Row counts as of the last commit (the backend's own move during a batch).
@@ -1125,7 +139,7 @@ class Store:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create data directory {directory}: {exc.strerror}") from None
-        lock = _lock_directory(directory)
+        lock = lock_directory(directory)
         try:
             async with cls._open_locked(
                 directory, retention_seconds, dedup_window, max_batch, max_queued
@@ -1147,7 +161,7 @@ class Store:
         limiter = trio.CapacityLimiter(1)
         backend = await trio.to_thread.run_sync(
             partial(
-                _SqliteBackend.open,
+                SqliteBackend.open,
                 directory / DB_FILENAME,
                 retention_seconds=retention_seconds,
                 dedup_window=dedup_window,
@@ -1158,8 +172,7 @@ class Store:
             store = cls(backend, limiter, max_batch=max_batch, max_queued=max_queued)
             try:
                 async with trio.open_nursery() as nursery:
-                    store._nursery = nursery
-                    nursery.start_soon(store._write_loop)
+                    store._queue.start(nursery)
                     try:
                         yield store
                     finally:
@@ -1177,197 +190,36 @@ class Store:
         calling it twice is harmless. Operations still queued after ``CLEANUP_TIMEOUT`` seconds
         fail with ``StoreError``. The connection itself closes when the ``async with`` ends.
         """
-        self._closing = True
-        self._send.close()
-        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
-            await self._writer_done.wait()
-        if not self._writer_done.is_set() and self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        await self._queue.aclose()
 
-    # -- the writer ----------------------------------------------------------------------------
+    # -- committing ----------------------------------------------------------------------------
 
-    async def _write_loop(self) -> None:
-        try:
-            while True:
-                first: _Op | None = None
-                with trio.move_on_after(self._sweep_interval):
-                    try:
-                        first = await self._receive.receive()
-                    except trio.EndOfChannel:
-                        return
-                if first is None:
-                    await self._commit([])
-                    continue
-                batch = [first]
-                if first.hurry is not None:
-                    await self._wait_for_company(batch)
-                await self._commit(batch)
-        finally:
-            self._writer_done.set()
-            self._fail_queued()
-
-    async def _wait_for_company(self, batch: list[_Op]) -> None:
-        """``batch`` holds only lazy operations: wait (at most ``LAZY_COMMIT_DELAY``) until an
-        operation someone waits for is queued, someone waits for one of these, the batch is
-        full or the store closes, so that acks share the fsync of the next appends instead
-        of paying their own in between (the confirmed publishes would queue behind it)."""
-        if self._hurried:
-            self._hurried = False
-            return
-        with trio.move_on_after(LAZY_COMMIT_DELAY) as scope:
-            self._lazy_wait = scope
-            try:
-                while len(batch) < self._max_batch:
-                    try:
-                        op = self._receive.receive_nowait()
-                    except trio.WouldBlock:
-                        op = await self._receive.receive()
-                    batch.append(op)
-                    if op.hurry is None:
-                        break
-            except trio.EndOfChannel:
-                pass
-            finally:
-                self._lazy_wait = None
-        self._hurried = False
-
-    def _hurry(self) -> None:
-        self._hurried = True
-        if self._lazy_wait is not None:
-            self._lazy_wait.cancel()
-
-    async def _commit(self, batch: list[_Op]) -> None:
-        """Commit ``batch`` plus everything queued behind it (up to ``max_batch``)."""
-        try:
-            # No checkpoint before the thread starts: a reader queues a whole read's appends
-            # before it yields, and a scheduling round here let the subscriber's writer
-            # encode and send that read's MSGs first (0.6-1.2 ms a commit started later).
-            while len(batch) < self._max_batch:
-                try:
-                    batch.append(self._receive.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-            works = [op.work for op in batch]
-            if math.isfinite(self._sweep_interval) and trio.current_time() >= self._next_sweep:
-                self._next_sweep = trio.current_time() + self._sweep_interval
-                works.append(_SqliteBackend.sweep)
-            if not works:
-                return
-            # Not abandoned on cancel: once started, the batch runs to its end and the
-            # outcomes below are delivered before any checkpoint.
-            committed, outcomes, elapsed, size, rows = await self._in_thread(
-                self._run_in_thread, works
-            )
-        except BaseException as exc:
-            for op in batch:
-                op.resolve(False, StoreError(f"not committed: the store stopped ({exc!r})"))
-            raise
-        for op, (ok, value) in zip(batch, outcomes[: len(batch)], strict=True):
-            op.resolve(ok, value)
-            self._failed += not ok
-        if committed:
-            self._batches += 1
-            self._operations += len(batch)
-            self._max_batch_seen = max(self._max_batch_seen, len(batch))
+    async def _run_batch(self, works: list[Work]) -> tuple[bool, list[Outcome]] | None:
+        """The queue's ``run``: commit ``works`` (plus a sweep when one is due) in one
+        transaction in the worker thread; None when there is nothing to do."""
+        if math.isfinite(self._sweep_interval) and trio.current_time() >= self._next_sweep:
+            self._next_sweep = trio.current_time() + self._sweep_interval
+            works.append(SqliteBackend.sweep)
+        if not works:
+            return None
+        committed, outcomes, elapsed, size, rows = await run_sync_at_once(
+            self._run_in_thread, works, limiter=self._limiter, borrower=self
+        )
         self._last_commit_ms = elapsed * 1000.0
         self._db_size = size
         self._rows = rows
-
-    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``trio.to_thread.run_sync(fn, *args, limiter=self._limiter)`` for the writer, but
-        the thread starts at once when the limiter is free: ``run_sync`` first takes a
-        scheduling round in ``CapacityLimiter.acquire_on_behalf_of``. Not abandoned on cancel
-        (like ``run_sync``): a cancelled writer still waits for the thread's outcome."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        limiter = self._limiter
-        try:
-            limiter.acquire_on_behalf_of_nowait(self)
-        except trio.WouldBlock:
-            await limiter.acquire_on_behalf_of(self)  # a read holds the connection
-        try:
-            task = trio.lowlevel.current_task()
-            token = trio.lowlevel.current_trio_token()
-            reschedule = trio.lowlevel.reschedule
-
-            def deliver(outcome: Any) -> None:  # in the worker thread
-                token.run_sync_soon(reschedule, task, outcome)
-
-            trio.lowlevel.start_thread_soon(partial(fn, *args), deliver)
-            return await trio.lowlevel.wait_task_rescheduled(
-                lambda _raise_cancel: trio.lowlevel.Abort.FAILED
-            )
-        finally:
-            limiter.release_on_behalf_of(self)
+        return committed, outcomes
 
     def _run_in_thread(
-        self, works: list[_Work]
-    ) -> tuple[bool, list[_Outcome], float, int, _RowCounts]:
+        self, works: list[Work]
+    ) -> tuple[bool, list[Outcome], float, int, RowCounts]:
         start = time.perf_counter()
         committed, outcomes = self._backend.run_batch(works)
         elapsed = time.perf_counter() - start
         return committed, outcomes, elapsed, self._backend.file_size(), self._backend.counts()
 
-    def _fail_queued(self) -> None:
-        while True:
-            try:
-                op = self._receive.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-            op.resolve(False, StoreError(f"{self._backend.path}: closed before the commit"))
-        self._receive.close()
-
-    # -- submitting ----------------------------------------------------------------------------
-
-    async def _enqueue(
-        self, work: _Work, on_done: _OnDone | None = None, lazy: bool = False
-    ) -> Pending:
-        """Queue ``work`` (waiting only for room) and return its handle, not its outcome.
-
-        A ``lazy`` operation may wait up to ``LAZY_COMMIT_DELAY`` for company before its
-        commit, unless someone waits for its handle."""
-        if self._closing:
-            raise StoreError(f"{self._backend.path}: the store is closed")
-        op = _Op(work, on_done, self._hurry if lazy else None)
-        await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            try:
-                self._send.send_nowait(op)
-            except trio.WouldBlock:
-                await self._send.send(op)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise StoreError(f"{self._backend.path}: the store is closed") from None
-        return Pending(op)
-
-    def _enqueue_nowait(self, work: _Work, on_done: _OnDone | None) -> Pending:
-        """Queue ``work`` if there is room now; ``trio.WouldBlock`` (nothing queued) if not."""
-        if self._closing:
-            raise StoreError(f"{self._backend.path}: the store is closed")
-        op = _Op(work, on_done)
-        try:
-            self._send.send_nowait(op)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise StoreError(f"{self._backend.path}: the store is closed") from None
-        return Pending(op)
-
-    async def _submit(self, work: _Work) -> Any:
-        if self._closing:
-            raise StoreError(f"{self._backend.path}: the store is closed")
-        op = _Op(work)
-        # A caller cancelled before this point enqueues nothing. send_nowait when there is room
-        # saves the schedule round of ``send``; waiting for the commit is the checkpoint.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            try:
-                self._send.send_nowait(op)
-            except trio.WouldBlock:
-                await self._send.send(op)  # backpressure: wait for room
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise StoreError(f"{self._backend.path}: the store is closed") from None
-        await op.wait_done()
-        return op.unwrap()
-
-    async def _read(self, work: _Work) -> Any:
-        if self._closing:
+    async def _read(self, work: Work) -> Any:
+        if self._queue.closing:
             raise StoreError(f"{self._backend.path}: the store is closed")
         try:
             return await trio.to_thread.run_sync(work, self._backend, limiter=self._limiter)
@@ -1378,35 +230,37 @@ class Store:
 
     async def create_session(self, client_id: str, group: str | None) -> SessionRecord:
         """Create the session, or return the existing one unchanged (its group included)."""
-        return await self._submit(
-            partial(_SqliteBackend.create_session, client_id=client_id, group=group)
+        return await self._queue.submit(
+            partial(SqliteBackend.create_session, client_id=client_id, group=group)
         )
 
     async def drop_session(self, client_id: str) -> bool:
         """Delete the session, its filters and deliveries; False if there was none."""
-        return await self._submit(partial(_SqliteBackend.drop_session, client_id=client_id))
+        return await self._queue.submit(partial(SqliteBackend.drop_session, client_id=client_id))
 
     async def sessions(self) -> list[SessionRecord]:
         """Every session, ordered by client id."""
-        return await self._read(_SqliteBackend.sessions)
+        return await self._read(SqliteBackend.sessions)
 
     async def session(self, client_id: str) -> SessionRecord | None:
-        return await self._read(partial(_SqliteBackend.session, client_id=client_id))
+        return await self._read(partial(SqliteBackend.session, client_id=client_id))
 
     async def set_filters(self, client_id: str, filters: Iterable[tuple[str, str]]) -> None:
         """Replace the session's filters with ``filters`` ((filter, dialect) pairs)."""
         pairs = tuple((flt, dialect) for flt, dialect in filters)
-        await self._submit(partial(_SqliteBackend.set_filters, client_id=client_id, filters=pairs))
+        await self._queue.submit(
+            partial(SqliteBackend.set_filters, client_id=client_id, filters=pairs)
+        )
 
     async def add_filter(self, client_id: str, filter: str, dialect: str) -> None:
-        await self._submit(
-            partial(_SqliteBackend.add_filter, client_id=client_id, filter=filter, dialect=dialect)
+        await self._queue.submit(
+            partial(SqliteBackend.add_filter, client_id=client_id, filter=filter, dialect=dialect)
         )
 
     async def remove_filter(self, client_id: str, filter: str, dialect: str) -> None:
-        await self._submit(
+        await self._queue.submit(
             partial(
-                _SqliteBackend.remove_filter, client_id=client_id, filter=filter, dialect=dialect
+                SqliteBackend.remove_filter, client_id=client_id, filter=filter, dialect=dialect
             )
         )
 
@@ -1429,8 +283,8 @@ class Store:
         its publisher id is. If the caller is cancelled while waiting, the message may still
         have been stored (at-least-once).
         """
-        return await self._submit(
-            _Append(
+        return await self._queue.submit(
+            Append(
                 msg_id,
                 topic,
                 bytes(payload),
@@ -1449,15 +303,15 @@ class Store:
         headers: dict[str, str] | None,
         deliveries: Sequence[tuple[str, int]],
         publisher_msg_id: str | None = None,
-        on_done: _OnDone | None = None,
+        on_done: OnDone | None = None,
     ) -> Pending:
         """``append``, returning once it is queued: the broker's reader must not wait for a
         commit per PUB, or there would be nothing to group. ``await handle.wait()`` gives
         ``append``'s result once committed; ``on_done(error)`` is called as soon as the
         outcome is known. Operations still commit in call order."""
         blob = None if headers is None else msgpack.packb(headers)
-        work = _Append(msg_id, topic, bytes(payload), blob, tuple(deliveries), publisher_msg_id)
-        return await self._enqueue(work, on_done)
+        work = Append(msg_id, topic, bytes(payload), blob, tuple(deliveries), publisher_msg_id)
+        return await self._queue.enqueue(work, on_done)
 
     def append_nowait(
         self,
@@ -1467,13 +321,13 @@ class Store:
         headers: dict[str, str] | None,
         deliveries: tuple[tuple[str, int], ...],
         publisher_msg_id: str | None,
-        on_done: _OnDone | None = None,
+        on_done: OnDone | None = None,
     ) -> Pending:
         """``begin_append`` without a checkpoint when the queue has room (the broker's reader
         queues one per PUB between two reads); ``trio.WouldBlock``, nothing queued, when it
         is full."""
         blob = None if headers is None else msgpack.packb(headers)
-        work = _Append(msg_id, topic, bytes(payload), blob, deliveries, publisher_msg_id)
+        work = Append(msg_id, topic, bytes(payload), blob, deliveries, publisher_msg_id)
         return self._enqueue_nowait(work, on_done)
 
     async def begin_ack(self, client_id: str, seq: int) -> Pending:
@@ -1481,14 +335,14 @@ class Store:
 
         Lazy: the commit may wait up to ``LAZY_COMMIT_DELAY`` for other operations (not if
         someone waits for the handle). It still commits in call order with the rest."""
-        return await self._enqueue(
-            partial(_SqliteBackend.ack, client_id=client_id, seq=seq), lazy=True
+        return await self._queue.enqueue(
+            partial(SqliteBackend.ack, client_id=client_id, seq=seq), lazy=True
         )
 
     async def begin_ack_one(self, client_id: str, seq: int) -> Pending:
         """``ack_one``, returning once queued; lazy like ``begin_ack``."""
-        return await self._enqueue(
-            partial(_SqliteBackend.ack_one, client_id=client_id, seq=seq), lazy=True
+        return await self._queue.enqueue(
+            partial(SqliteBackend.ack_one, client_id=client_id, seq=seq), lazy=True
         )
 
     async def ack(self, client_id: str, seq: int) -> int:
@@ -1497,7 +351,7 @@ class Store:
         ``last_ack`` becomes ``max(last_ack, seq)`` (and ``next_seq`` stays above it); messages
         no delivery needs any more are deleted. The broker validates ``seq``; the store does not.
         """
-        return await self._submit(partial(_SqliteBackend.ack, client_id=client_id, seq=seq))
+        return await self._queue.submit(partial(SqliteBackend.ack, client_id=client_id, seq=seq))
 
     async def ack_one(self, client_id: str, seq: int) -> bool:
         """Remove exactly one delivery (shared groups); whether it was pending.
@@ -1505,19 +359,21 @@ class Store:
         ``last_ack`` moves only when it was the lowest pending delivery: up to just below the
         next pending one, or to ``next_seq - 1`` when none is left.
         """
-        return await self._submit(partial(_SqliteBackend.ack_one, client_id=client_id, seq=seq))
+        return await self._queue.submit(
+            partial(SqliteBackend.ack_one, client_id=client_id, seq=seq)
+        )
 
     async def pending(self, client_id: str, after_seq: int, limit: int) -> list[StoredMessage]:
         """Up to ``limit`` pending deliveries with seq > ``after_seq``, in seq order."""
         return await self._read(
-            partial(_SqliteBackend.pending, client_id=client_id, after_seq=after_seq, limit=limit)
+            partial(SqliteBackend.pending, client_id=client_id, after_seq=after_seq, limit=limit)
         )
 
     async def begin_trim_through(self, client_id: str, seq: int) -> Pending:
         """Drop every pending delivery up to ``seq`` (a quota's drop-oldest), once queued;
         ``last_ack`` does not move."""
-        return await self._enqueue(
-            partial(_SqliteBackend.trim_through, client_id=client_id, seq=seq)
+        return await self._queue.enqueue(
+            partial(SqliteBackend.trim_through, client_id=client_id, seq=seq)
         )
 
     async def trim(self, client_id: str, keep_messages: int) -> int:
@@ -1525,22 +381,23 @@ class Store:
 
         ``last_ack`` does not move: the dropped seqs are simply gone (the broker counts them).
         """
-        return await self._submit(
-            partial(_SqliteBackend.trim, client_id=client_id, keep_messages=keep_messages)
+        return await self._queue.submit(
+            partial(SqliteBackend.trim, client_id=client_id, keep_messages=keep_messages)
         )
 
     def statistics(self) -> StoreStatistics:
         sessions, messages, deliveries, dedup_ids, duplicates = self._rows
-        send_stats = self._send.statistics()
+        queue = self._queue.statistics()
+        batches = queue.batches_committed
         return StoreStatistics(
-            batches_committed=self._batches,
-            operations=self._operations,
-            operations_failed=self._failed,
-            mean_batch_size=self._operations / self._batches if self._batches else 0.0,
-            max_batch_size=self._max_batch_seen,
+            batches_committed=batches,
+            operations=queue.operations,
+            operations_failed=queue.operations_failed,
+            mean_batch_size=queue.operations / batches if batches else 0.0,
+            max_batch_size=queue.max_batch_size,
             last_commit_ms=self._last_commit_ms,
-            queued_operations=send_stats.current_buffer_used,
-            callers_waiting_for_room=send_stats.tasks_waiting_send,
+            queued_operations=queue.queued_operations,
+            callers_waiting_for_room=queue.callers_waiting_for_room,
             db_size_bytes=self._db_size,
             sessions=sessions,
             messages=messages,

@@ -1,0 +1,65 @@
+"""What the store hands out: its error and the frozen values it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SessionRecord", "StoreError", "StoreStatistics", "StoredMessage", "open_failure"]
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked: unknown session, damaged file, store closed, ..."""
+
+
+def open_failure(path: str, problem: str, exc: BaseException | None = None) -> StoreError:
+    """One line naming the file and the problem, never a sqlite3 traceback."""
+    detail = f" ({exc})" if exc is not None else ""
+    return StoreError(f"cannot open {path}: {problem}{detail}")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One pending delivery of a session, with its message."""
+
+    seq: int
+    msg_id: str
+    topic: str
+    payload: bytes
+    headers: dict[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """A durable session as stored.
+
+    ``pending`` counts its delivery rows and ``pending_bytes`` sums their payload sizes (a
+    message shared with other sessions counts for each of them).
+    """
+
+    client_id: str
+    group: str | None
+    last_ack: int
+    next_seq: int
+    filters: tuple[tuple[str, str], ...]  # (filter, dialect), sorted
+    pending: int
+    pending_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """Counters for operators; ``operations`` counts those of committed batches, failed or not."""
+
+    batches_committed: int
+    operations: int
+    operations_failed: int
+    mean_batch_size: float
+    max_batch_size: int
+    last_commit_ms: float
+    queued_operations: int  # waiting in the queue for the writer
+    callers_waiting_for_room: int  # backpressure: callers blocked because the queue is full
+    db_size_bytes: int  # the database file plus its WAL
+    sessions: int
+    messages: int
+    deliveries: int
+    dedup_ids: int
+    duplicates: int  # appends refused as duplicates since the store was opened

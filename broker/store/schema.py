@@ -1,0 +1,109 @@
+"""The database file's schema: its tables, version and name, created or checked at opening.
+
+What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
+
+- ``messages``: each message once, however many sessions need it. ``refs`` counts the delivery
+  rows that point at it; when it reaches 0 the message is deleted at once, or, with
+  ``retention_seconds`` > 0, by a periodic sweep once ``stored_at`` is that old.
+- ``sessions``: one row per durable session: its shared group, ``last_ack`` (every seq at or
+  below it is done) and ``next_seq`` (the next seq the broker may assign).
+- ``filters``: the session's (filter, dialect) pairs.
+- ``deliveries``: the pending queue, one row (client_id, seq, message) per delivery not yet
+  acknowledged, trimmed or dropped with its session.
+- ``published``: the newest ``dedup_window`` publisher message ids, for duplicate filtering.
+
+A file of another version, or that is not a topiary database at all, is refused with a
+``StoreError`` that says so; there is no migration yet.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from broker.store.records import open_failure
+
+__all__ = ["DB_FILENAME", "SCHEMA", "SCHEMA_VERSION", "TABLES", "check_or_create_schema"]
+
+SCHEMA_VERSION = 1
+DB_FILENAME = "topiary.db"
+
+SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL)",
+    """CREATE TABLE messages (
+        rowid INTEGER PRIMARY KEY,
+        msg_id TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        headers BLOB NULL,
+        stored_at REAL NOT NULL,
+        refs INTEGER NOT NULL
+    )""",
+    # Only unreferenced messages (kept for retention_seconds) are in this index.
+    "CREATE INDEX messages_unreferenced ON messages (stored_at) WHERE refs <= 0",
+    """CREATE TABLE sessions (
+        client_id TEXT PRIMARY KEY,
+        grp TEXT NULL,
+        last_ack INTEGER NOT NULL,
+        next_seq INTEGER NOT NULL,
+        created_at REAL NOT NULL
+    )""",
+    """CREATE TABLE filters (
+        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+        filter TEXT NOT NULL,
+        dialect TEXT NOT NULL,
+        PRIMARY KEY (client_id, filter, dialect)
+    )""",
+    # No foreign key on `message`: refs keeps that link, and a foreign key would need an index
+    # on deliveries(message) to check every message delete.
+    """CREATE TABLE deliveries (
+        client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        message INTEGER NOT NULL,
+        PRIMARY KEY (client_id, seq)
+    ) WITHOUT ROWID""",
+    "CREATE TABLE published (msg_id TEXT PRIMARY KEY, at REAL NOT NULL)",
+)
+TABLES = frozenset({"meta", "messages", "sessions", "filters", "deliveries", "published"})
+
+
+def check_or_create_schema(conn: sqlite3.Connection, path: str) -> None:
+    """Create the tables in an empty file (in one transaction, so two openers cannot both
+    do it); then check that this is a topiary database of exactly ``SCHEMA_VERSION``."""
+
+    def tables() -> set[str]:
+        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return {name for (name,) in rows}
+
+    if not tables():
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if not tables():  # another process may have won the race
+                for statement in SCHEMA:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (SCHEMA_VERSION,),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    present = tables()
+    if "meta" not in present:
+        raise open_failure(path, "not a topiary database (no meta table)")
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    version = row[0] if row is not None else None
+    if not isinstance(version, int):
+        raise open_failure(path, f"not a topiary database (schema_version {version!r})")
+    if version > SCHEMA_VERSION:
+        raise open_failure(
+            path,
+            f"schema version {version} is newer than this topiary supports "
+            f"({SCHEMA_VERSION}); use a newer topiary",
+        )
+    if version < SCHEMA_VERSION:
+        raise open_failure(path, f"unknown older schema version {version}")
+    missing = TABLES - present
+    if missing:
+        raise open_failure(path, f"tables missing: {', '.join(sorted(missing))}")

@@ -1,0 +1,675 @@
+"""The store's SQL: a synchronous backend on one sqlite3 connection, run in a worker thread.
+
+Everything SQL lives in ``SqliteBackend``, a plain class with no trio in it (the model test in
+tests/test_store_model.py drives it directly); ``Store`` calls it in a worker thread, one call
+at a time. trio's thread cache may run two calls on two different OS threads, which is why the
+connection is opened with ``check_same_thread=False``; it is still never used by two threads
+at once. On first creation the data directory is fsynced too, so the new file's directory
+entry is durable.
+
+Batches. ``run_batch`` runs the operations of one group commit in ONE transaction:
+``BEGIN IMMEDIATE``, the operations, ``COMMIT``. A run of consecutive appends is stored with a
+few multi-row INSERTs (``_append_run``): each statement is a round through the sqlite3 module
+that needs the GIL the broker's trio thread is using, so 3 statements per append were costly
+for both threads. If any operation fails, the transaction is rolled back and run again with
+each operation in its own ``SAVEPOINT`` (a failing one is rolled back alone and only its
+caller gets the error).
+
+Sequence numbers are the broker's: it assigns them from ``SessionRecord.next_seq`` upwards.
+The backend keeps ``next_seq = max(next_seq, seq + 1)`` for every stored delivery and
+``last_ack < next_seq`` always, so after a restart ``next_seq`` is past every seq it ever
+stored. It does not check that a delivery's seq is above ``last_ack``; such a row stays
+pending until a cumulative ack covers it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from broker.store.files import fsync_directory
+from broker.store.pragmas import configure
+from broker.store.records import SessionRecord, StoredMessage, StoreError, open_failure
+from broker.store.schema import check_or_create_schema
+
+if TYPE_CHECKING:  # the outcomes of a batch are in the shape the group-commit queue resolves
+    from broker.store.group_commit import Outcome
+
+__all__ = ["Append", "RowCounts", "SqliteBackend", "Work"]
+
+#: How long a statement waits for a lock held by another connection (an operator's shell).
+BUSY_TIMEOUT_SECONDS = 5.0
+#: The dedup table is pruned back to ``dedup_window`` ids once it holds this many more.
+DEDUP_PRUNE_BATCH = 1_000
+#: Rows per multi-row INSERT of a run of appends (7 parameters each, far below SQLite's limit).
+INSERT_CHUNK = 64
+#: Prepared statements the connection keeps: every multi-row INSERT size (1..INSERT_CHUNK) of
+#: the two tables plus the rest, so that none is prepared again per batch.
+STATEMENT_CACHE = 256
+
+
+#: One operation of a batch: a backend method with its arguments bound (or an ``Append``).
+Work = Callable[["SqliteBackend"], Any]
+#: (sessions, messages, deliveries, dedup ids, duplicates refused): see ``SqliteBackend.counts``.
+RowCounts = tuple[int, int, int, int, int]
+
+
+class SqliteBackend:
+    """The SQL work, synchronous, on one sqlite3 connection in autocommit mode.
+
+    Mutating methods expect to run inside ``run_batch`` (a transaction with a savepoint per
+    operation); read methods run anywhere. Counts of rows (``messages``, ``deliveries``, ...)
+    are kept in memory so that ``Store.statistics()`` never touches the database; a rolled
+    back operation or batch restores them.
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: str,
+        *,
+        retention_seconds: float,
+        dedup_window: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.conn = conn
+        self.path = path
+        self.retention_seconds = retention_seconds
+        self.dedup_window = dedup_window
+        self.dedup_slack = min(DEDUP_PRUNE_BATCH, max(1, dedup_window // 10))
+        self.clock = clock
+        self.closed = False
+        count = self._scalar
+        self.sessions_count: int = count("SELECT count(*) FROM sessions")
+        self.messages: int = count("SELECT count(*) FROM messages")
+        self.deliveries: int = count("SELECT count(*) FROM deliveries")
+        self.published: int = count("SELECT count(*) FROM published")
+        self.duplicates = 0
+
+    # -- opening and closing -------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        retention_seconds: float = 0.0,
+        dedup_window: int = 100_000,
+        durable: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> SqliteBackend:
+        """Open (creating if needed) and check the database at ``path``.
+
+        ``durable=False`` (synchronous=OFF) is for tests that do not crash the machine.
+        """
+        path = os.fspath(path)
+        created = not os.path.exists(path) or os.path.getsize(path) == 0
+        try:
+            conn = sqlite3.connect(
+                path,
+                timeout=BUSY_TIMEOUT_SECONDS,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=STATEMENT_CACHE,
+            )
+        except sqlite3.Error as exc:
+            raise open_failure(path, "SQLite cannot open it", exc) from None
+        try:
+            configure(conn, path, durable=durable)
+            check_or_create_schema(conn, path)
+            backend = cls(
+                conn,
+                path,
+                retention_seconds=retention_seconds,
+                dedup_window=dedup_window,
+                clock=clock,
+            )
+        except sqlite3.Error as exc:
+            conn.close()
+            raise open_failure(path, "database error", exc) from None
+        except BaseException:
+            conn.close()
+            raise
+        if created:
+            fsync_directory(os.path.dirname(os.path.abspath(path)))
+        return backend
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.conn.close()
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def run_batch(self, works: Sequence[Work]) -> tuple[bool, list[Outcome]]:
+        """Run ``works`` in one transaction and commit; a failing operation is rolled back
+        alone (the batch runs again with a savepoint per operation).
+
+        Returns whether the transaction committed, and one outcome per operation. If the
+        transaction itself fails (BEGIN or COMMIT, or SQLite rolled everything back after an
+        I/O error), every operation fails.
+        """
+        if self.closed:
+            return self._fail_all(works, "the store is closed")
+        conn = self.conn
+        before = self.counts()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            return self._fail_all(works, f"cannot start a transaction ({exc})")
+        outcomes = self._run_optimistically(works, before)
+        if outcomes is None:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                return self._fail_all(works, f"cannot restart the transaction ({exc})")
+            outcomes = self._run_isolated(works, before)
+            if outcomes is None:
+                return self._fail_all(works, "transaction rolled back")
+        try:
+            self._prune_published()
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._restore(before)
+            return self._fail_all(works, f"commit failed ({exc})")
+        return True, outcomes
+
+    def _run_optimistically(self, works: Sequence[Work], before: RowCounts) -> list[Outcome] | None:
+        """Run the batch without a savepoint per operation: nearly always nothing fails,
+        and two statements per operation are a third of an append. If one fails, undo
+        the whole batch and return None so that it runs again, isolated."""
+        conn = self.conn
+        outcomes: list[Outcome] = []
+        try:
+            index, count = 0, len(works)
+            while index < count:
+                if works[index].__class__ is not Append:
+                    outcomes.append((True, works[index](self)))
+                    index += 1
+                    continue
+                end = index + 1
+                while end < count and works[end].__class__ is Append:
+                    end += 1
+                outcomes.extend(self._append_run(works[index:end]))  # type: ignore[arg-type]
+                index = end
+        except Exception:
+            self._restore(before)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return None
+        return outcomes
+
+    def _run_isolated(self, works: Sequence[Work], before: RowCounts) -> list[Outcome] | None:
+        """Each operation in its own savepoint, so a failing one is rolled back alone;
+        None when the whole transaction was lost."""
+        conn = self.conn
+        outcomes: list[Outcome] = []
+        for work in works:
+            counts = self.counts()
+            try:
+                conn.execute("SAVEPOINT op")
+                value = work(self)
+            except Exception as exc:
+                self._restore(counts)
+                if not self._rollback_savepoint():
+                    self._restore(before)
+                    return None
+                outcomes.append((False, _as_store_error(exc)))
+            else:
+                conn.execute("RELEASE op")
+                outcomes.append((True, value))
+        return outcomes
+
+    def run(self, work: Work) -> Any:
+        """Run one operation in its own transaction; return its value or raise its error."""
+        _, ((ok, value),) = self.run_batch([work])
+        if not ok:
+            raise value
+        return value
+
+    def _rollback_savepoint(self) -> bool:
+        """Undo the failed operation; False when the whole transaction is gone."""
+        if not self.conn.in_transaction:
+            return False
+        try:
+            self.conn.execute("ROLLBACK TO op")
+            self.conn.execute("RELEASE op")
+        except sqlite3.Error:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            return False
+        return True
+
+    def _fail_all(self, works: Sequence[Work], why: str) -> tuple[bool, list[Outcome]]:
+        return False, [(False, StoreError(f"{self.path}: not stored: {why}")) for _ in works]
+
+    def counts(self) -> RowCounts:
+        """(sessions, messages, deliveries, dedup ids, duplicates refused) as of now."""
+        return (
+            self.sessions_count,
+            self.messages,
+            self.deliveries,
+            self.published,
+            self.duplicates,
+        )
+
+    def _restore(self, counts: RowCounts) -> None:
+        (
+            self.sessions_count,
+            self.messages,
+            self.deliveries,
+            self.published,
+            self.duplicates,
+        ) = counts
+
+    def _prune_published(self) -> None:
+        """Keep the newest ``dedup_window`` publisher ids, pruning ``dedup_slack`` at a time.
+
+        Rows are only ever deleted from the oldest end, so rowids are consecutive and
+        "rowid <= newest - window" leaves exactly the newest ``window`` ids.
+        """
+        if self.published <= self.dedup_window + self.dedup_slack:
+            return
+        cur = self.conn.execute(
+            "DELETE FROM published WHERE rowid <= (SELECT max(rowid) FROM published) - ?",
+            (self.dedup_window,),
+        )
+        self.published -= cur.rowcount
+
+    def file_size(self) -> int:
+        """Bytes of the database file and its WAL."""
+        total = 0
+        for name in (self.path, self.path + "-wal"):
+            with suppress(OSError):
+                total += os.stat(name).st_size
+        return total
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _scalar(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        row = self.conn.execute(sql, args).fetchone()
+        return None if row is None else row[0]
+
+    def _session_row(self, client_id: str, what: str) -> tuple[int, int]:
+        row = self.conn.execute(
+            "SELECT last_ack, next_seq FROM sessions WHERE client_id = ?", (client_id,)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"{what}: unknown session {client_id!r}")
+        return row
+
+    def _remove_deliveries(self, client_id: str, condition: str, args: Sequence[Any]) -> int:
+        """Delete the session's deliveries matching ``condition``, dereferencing their messages."""
+        where = f"client_id = ?{condition}"
+        params = (client_id, *args)
+        execute = self.conn.execute
+        counted = (
+            f"(SELECT message, count(*) AS n FROM deliveries WHERE {where} GROUP BY message) AS d"
+        )
+        if self.retention_seconds <= 0:
+            # Messages that lose their last reference go first, so that the UPDATE below
+            # touches only the ones still needed (none, with one session): setting refs to 0
+            # first would put each row into messages_unreferenced just before deleting it
+            # (that UPDATE was half of an ack's cost).
+            cur = execute(
+                f"DELETE FROM messages WHERE rowid IN (SELECT d.message FROM {counted} "
+                "JOIN messages AS m ON m.rowid = d.message WHERE m.refs <= d.n)",
+                params,
+            )
+            self.messages -= cur.rowcount
+        execute(
+            f"UPDATE messages SET refs = refs - d.n FROM {counted} "
+            "WHERE messages.rowid = d.message",
+            params,
+        )
+        removed = execute(f"DELETE FROM deliveries WHERE {where}", params).rowcount
+        self.deliveries -= removed
+        return removed
+
+    # -- sessions and filters ------------------------------------------------------------------
+
+    def create_session(self, client_id: str, group: str | None) -> SessionRecord:
+        cur = self.conn.execute(
+            "INSERT INTO sessions (client_id, grp, last_ack, next_seq, created_at) "
+            "VALUES (?, ?, 0, 1, ?) ON CONFLICT (client_id) DO NOTHING",
+            (client_id, group, self.clock()),
+        )
+        self.sessions_count += cur.rowcount
+        record = self.session(client_id)
+        assert record is not None
+        return record
+
+    def drop_session(self, client_id: str) -> bool:
+        if self._scalar("SELECT 1 FROM sessions WHERE client_id = ?", (client_id,)) is None:
+            return False
+        self._remove_deliveries(client_id, "", ())
+        self.conn.execute("DELETE FROM sessions WHERE client_id = ?", (client_id,))  # cascades
+        self.sessions_count -= 1
+        return True
+
+    def set_filters(self, client_id: str, filters: Sequence[tuple[str, str]]) -> None:
+        self._session_row(client_id, "set_filters")
+        self.conn.execute("DELETE FROM filters WHERE client_id = ?", (client_id,))
+        self.conn.executemany(
+            "INSERT OR IGNORE INTO filters (client_id, filter, dialect) VALUES (?, ?, ?)",
+            [(client_id, flt, dialect) for flt, dialect in filters],
+        )
+
+    def add_filter(self, client_id: str, filter: str, dialect: str) -> None:
+        self._session_row(client_id, "add_filter")
+        self.conn.execute(
+            "INSERT OR IGNORE INTO filters (client_id, filter, dialect) VALUES (?, ?, ?)",
+            (client_id, filter, dialect),
+        )
+
+    def remove_filter(self, client_id: str, filter: str, dialect: str) -> None:
+        self._session_row(client_id, "remove_filter")
+        self.conn.execute(
+            "DELETE FROM filters WHERE client_id = ? AND filter = ? AND dialect = ?",
+            (client_id, filter, dialect),
+        )
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def append(
+        self,
+        *,
+        msg_id: str,
+        topic: str,
+        payload: bytes,
+        headers: bytes | None,
+        deliveries: Sequence[tuple[str, int]],
+        publisher_msg_id: str | None,
+    ) -> bool:
+        """Store the message once plus a delivery row each; False for a duplicate publish.
+
+        ``headers`` arrives msgpack-encoded already (encoded in the caller's task).
+        """
+        execute = self.conn.execute
+        now = self.clock()
+        if publisher_msg_id is not None and self.dedup_window > 0:
+            cur = execute(
+                "INSERT INTO published (msg_id, at) VALUES (?, ?) ON CONFLICT (msg_id) DO NOTHING",
+                (publisher_msg_id, now),
+            )
+            if cur.rowcount == 0:
+                self.duplicates += 1
+                return False
+            self.published += 1
+        if not deliveries and self.retention_seconds <= 0:
+            return True  # nobody needs it: nothing to keep
+        rowid = execute(
+            "INSERT INTO messages (msg_id, topic, payload, headers, stored_at, refs) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (msg_id, topic, payload, headers, now, len(deliveries)),
+        ).lastrowid
+        self.messages += 1
+        try:
+            if len(deliveries) == 1:
+                ((client_id, seq),) = deliveries
+                execute(
+                    "INSERT INTO deliveries (client_id, seq, message) VALUES (?, ?, ?)",
+                    (client_id, seq, rowid),
+                )
+            else:
+                self.conn.executemany(
+                    "INSERT INTO deliveries (client_id, seq, message) VALUES (?, ?, ?)",
+                    [(client_id, seq, rowid) for client_id, seq in deliveries],
+                )
+        except sqlite3.IntegrityError as exc:
+            raise self._append_failure(msg_id, deliveries, exc) from exc
+        self.deliveries += len(deliveries)
+        self.conn.executemany(
+            "UPDATE sessions SET next_seq = ? WHERE client_id = ? AND next_seq < ?",
+            [(seq + 1, client_id, seq + 1) for client_id, seq in deliveries],
+        )
+        return True
+
+    def _append_run(self, run: Sequence[Append]) -> list[Outcome]:
+        """``append`` for consecutive appends of a batch, with a few multi-row statements.
+
+        Every statement is a round through the sqlite3 module that takes the GIL from the
+        broker's trio thread; a run of N appends costs ~6 statements instead of 3 N. The
+        outcome is the same as N ``append`` calls in order: duplicates are checked one by one
+        first, rowids are assigned here (the write lock is ours), each session's ``next_seq``
+        moves once to its maximum. Any error (unknown session, a seq stored twice) raises,
+        and the caller runs the batch again one operation at a time.
+        """
+        execute = self.conn.execute
+        now = self.clock()
+        outcomes: list[Outcome] = []
+        stored: list[Append] = []
+        dedup = self.dedup_window > 0
+        keep_all = self.retention_seconds > 0
+        for op in run:
+            if op.publisher_msg_id is not None and dedup:
+                cur = execute(
+                    "INSERT INTO published (msg_id, at) VALUES (?, ?) "
+                    "ON CONFLICT (msg_id) DO NOTHING",
+                    (op.publisher_msg_id, now),
+                )
+                if cur.rowcount == 0:
+                    self.duplicates += 1
+                    outcomes.append((True, False))
+                    continue
+                self.published += 1
+            outcomes.append((True, True))
+            if op.deliveries or keep_all:
+                stored.append(op)
+        if not stored:
+            return outcomes
+        rowid = (self._scalar("SELECT max(rowid) FROM messages") or 0) + 1
+        messages: list[Any] = []
+        deliveries: list[Any] = []
+        next_seqs: dict[str, int] = {}
+        for op in stored:
+            refs = len(op.deliveries)
+            messages += (rowid, op.msg_id, op.topic, op.payload, op.headers, now, refs)
+            for client_id, seq in op.deliveries:
+                deliveries += (client_id, seq, rowid)
+                if next_seqs.get(client_id, 0) <= seq:
+                    next_seqs[client_id] = seq + 1
+            rowid += 1
+        self._insert_rows(
+            "INSERT INTO messages (rowid, msg_id, topic, payload, headers, stored_at, refs) "
+            "VALUES ",
+            7,
+            messages,
+        )
+        self.messages += len(stored)
+        self._insert_rows("INSERT INTO deliveries (client_id, seq, message) VALUES ", 3, deliveries)
+        self.deliveries += len(deliveries) // 3
+        execute_many = self.conn.executemany
+        execute_many(
+            "UPDATE sessions SET next_seq = ? WHERE client_id = ? AND next_seq < ?",
+            [(next_seq, client_id, next_seq) for client_id, next_seq in next_seqs.items()],
+        )
+        return outcomes
+
+    def _insert_rows(self, insert: str, width: int, values: list[Any]) -> None:
+        """Insert ``values`` (rows of ``width`` flattened) with multi-row INSERTs."""
+        execute = self.conn.execute
+        step = width * INSERT_CHUNK
+        for start in range(0, len(values), step):
+            chunk = values[start : start + step]
+            execute(_values_sql(insert, width, len(chunk) // width), chunk)
+
+    def _append_failure(
+        self, msg_id: str, deliveries: Sequence[tuple[str, int]], exc: sqlite3.IntegrityError
+    ) -> StoreError:
+        clients = sorted({client_id for client_id, _ in deliveries})
+        known = {
+            client_id
+            for client_id in clients
+            if self._scalar("SELECT 1 FROM sessions WHERE client_id = ?", (client_id,))
+        }
+        unknown = [client_id for client_id in clients if client_id not in known]
+        if unknown:
+            return StoreError(f"append {msg_id!r}: unknown session(s) {', '.join(unknown)}")
+        if "UNIQUE" in str(exc):
+            return StoreError(f"append {msg_id!r}: a (client_id, seq) is already stored ({exc})")
+        return StoreError(f"append {msg_id!r}: {exc}")
+
+    def ack(self, client_id: str, seq: int) -> int:
+        last_ack, next_seq = self._session_row(client_id, "ack")
+        removed = self._remove_deliveries(client_id, " AND seq <= ?", (seq,))
+        if seq > last_ack:
+            self.conn.execute(
+                "UPDATE sessions SET last_ack = ?, next_seq = ? WHERE client_id = ?",
+                (seq, max(next_seq, seq + 1), client_id),
+            )
+        return removed
+
+    def ack_one(self, client_id: str, seq: int) -> bool:
+        last_ack, next_seq = self._session_row(client_id, "ack_one")
+        query_lowest = "SELECT min(seq) FROM deliveries WHERE client_id = ?"
+        lowest = self._scalar(query_lowest, (client_id,))
+        if not self._remove_deliveries(client_id, " AND seq = ?", (seq,)):
+            return False
+        if seq == lowest:
+            # Everything below the lowest delivery still pending is done (every seq the broker
+            # assigned is below next_seq, and stored in order).
+            following = self._scalar(query_lowest, (client_id,))
+            watermark = next_seq - 1 if following is None else following - 1
+            if watermark > last_ack:
+                self.conn.execute(
+                    "UPDATE sessions SET last_ack = ? WHERE client_id = ?", (watermark, client_id)
+                )
+        return True
+
+    def trim(self, client_id: str, keep_messages: int) -> int:
+        if keep_messages < 0:
+            raise ValueError(f"keep_messages must be >= 0, got {keep_messages}")
+        self._session_row(client_id, "trim")
+        newest_dropped = self._scalar(
+            "SELECT seq FROM deliveries WHERE client_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
+            (client_id, keep_messages),
+        )
+        if newest_dropped is None:
+            return 0
+        return self._remove_deliveries(client_id, " AND seq <= ?", (newest_dropped,))
+
+    def trim_through(self, client_id: str, seq: int) -> int:
+        self._session_row(client_id, "trim")
+        return self._remove_deliveries(client_id, " AND seq <= ?", (seq,))
+
+    def sweep(self) -> int:
+        """Delete unreferenced messages older than ``retention_seconds``; how many."""
+        cur = self.conn.execute(
+            "DELETE FROM messages WHERE refs <= 0 AND stored_at <= ?",
+            (self.clock() - self.retention_seconds,),
+        )
+        self.messages -= cur.rowcount
+        return cur.rowcount
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def session(self, client_id: str) -> SessionRecord | None:
+        row = self.conn.execute(
+            "SELECT client_id, grp, last_ack, next_seq FROM sessions WHERE client_id = ?",
+            (client_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        pending, pending_bytes = self.conn.execute(
+            "SELECT count(*), coalesce(sum(length(m.payload)), 0) FROM deliveries AS d "
+            "LEFT JOIN messages AS m ON m.rowid = d.message WHERE d.client_id = ?",
+            (client_id,),
+        ).fetchone()
+        filters = self.conn.execute(
+            "SELECT filter, dialect FROM filters WHERE client_id = ? ORDER BY filter, dialect",
+            (client_id,),
+        ).fetchall()
+        return SessionRecord(*row, tuple(filters), pending, pending_bytes)
+
+    def sessions(self) -> list[SessionRecord]:
+        filters: dict[str, list[tuple[str, str]]] = {}
+        for client_id, flt, dialect in self.conn.execute(
+            "SELECT client_id, filter, dialect FROM filters ORDER BY client_id, filter, dialect"
+        ):
+            filters.setdefault(client_id, []).append((flt, dialect))
+        rows = self.conn.execute(
+            "SELECT s.client_id, s.grp, s.last_ack, s.next_seq, count(d.seq), "
+            "coalesce(sum(length(m.payload)), 0) FROM sessions AS s "
+            "LEFT JOIN deliveries AS d ON d.client_id = s.client_id "
+            "LEFT JOIN messages AS m ON m.rowid = d.message "
+            "GROUP BY s.client_id ORDER BY s.client_id"
+        )
+        return [
+            SessionRecord(
+                client_id, group, last_ack, next_seq, tuple(filters.get(client_id, ())), n, size
+            )
+            for client_id, group, last_ack, next_seq, n, size in rows
+        ]
+
+    def pending(self, client_id: str, after_seq: int, limit: int) -> list[StoredMessage]:
+        if limit <= 0:
+            return []
+        rows = self.conn.execute(
+            "SELECT d.seq, m.msg_id, m.topic, m.payload, m.headers FROM deliveries AS d "
+            "JOIN messages AS m ON m.rowid = d.message "
+            "WHERE d.client_id = ? AND d.seq > ? ORDER BY d.seq LIMIT ?",
+            (client_id, after_seq, limit),
+        )
+        unpack = msgpack.unpackb
+        return [
+            StoredMessage(seq, msg_id, topic, payload, None if headers is None else unpack(headers))
+            for seq, msg_id, topic, payload, headers in rows
+        ]
+
+
+@cache
+def _values_sql(insert: str, width: int, rows: int) -> str:
+    row = "(" + ",".join("?" * width) + ")"
+    return insert + ",".join([row] * rows)
+
+
+class Append:
+    """One queued ``append``: a plain object rather than a partial, so that a batch can
+    recognise a run of them and store it with multi-row statements (``_append_run``)."""
+
+    __slots__ = ("deliveries", "headers", "msg_id", "payload", "publisher_msg_id", "topic")
+
+    def __init__(
+        self,
+        msg_id: str,
+        topic: str,
+        payload: bytes,
+        headers: bytes | None,
+        deliveries: Sequence[tuple[str, int]],
+        publisher_msg_id: str | None,
+    ) -> None:
+        self.msg_id = msg_id
+        self.topic = topic
+        self.payload = payload
+        self.headers = headers  # msgpack-encoded already
+        self.deliveries = deliveries
+        self.publisher_msg_id = publisher_msg_id
+
+    def __call__(self, backend: SqliteBackend) -> bool:
+        return backend.append(
+            msg_id=self.msg_id,
+            topic=self.topic,
+            payload=self.payload,
+            headers=self.headers,
+            deliveries=self.deliveries,
+            publisher_msg_id=self.publisher_msg_id,
+        )
+
+
+def _as_store_error(exc: Exception) -> Exception:
+    """sqlite3 errors become StoreError (chained); our own and programming errors pass as is."""
+    if isinstance(exc, sqlite3.Error):
+        error = StoreError(f"{type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return error
+    return exc
