@@ -103,9 +103,13 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository r
 import msgpack  # noqa: E402
 import trio  # noqa: E402
 
-from bench.common import goal_line, print_ending, write_report  # noqa: E402
-from bench.common import machine_info as common_machine_info  # noqa: E402
-from bench.e2e import BenchError, Worker, cpu_seconds, free_port, open_raw  # noqa: E402
+from bench.harness import BenchError  # noqa: E402
+from bench.harness.processes import free_port  # noqa: E402
+from bench.harness.procfs import cpu_seconds  # noqa: E402
+from bench.harness.report import fmt, goal_line, print_ending, write_report  # noqa: E402
+from bench.harness.report import machine_info as common_machine_info  # noqa: E402
+from bench.harness.wire import open_raw  # noqa: E402
+from bench.harness.workers import Worker  # noqa: E402
 from broker.client import BrokerError, Client, ConnectionLost, ProtocolError, connect  # noqa: E402
 from broker.wire.connection import NEED_DATA, ConnectionClosed  # noqa: E402
 from broker.wire.frames import Error, Pong, Sub, SubAck  # noqa: E402
@@ -1125,12 +1129,6 @@ async def _convergence(cluster: Cluster, kill_cycles: int, stop_cycles: int) -> 
 # -- report ----------------------------------------------------------------------------------
 
 
-def _fmt(value: Any, spec: str) -> str:
-    if value is None:
-        return "-"
-    return format(value, spec)
-
-
 def table_lines(report: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     tput = report.get("throughput", {})
@@ -1165,8 +1163,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                 (b.get("peering") or {}).get("links_opened", 0) for b in r["brokers"].values()
             )
             lines.append(
-                f"{label:<34} {_fmt(r['events_per_second'], ',.0f'):>9} "
-                f"{_fmt(r['published_per_second'], ',.0f'):>11} {r['received']:>9,} "
+                f"{label:<34} {fmt(r['events_per_second'], ',.0f'):>9} "
+                f"{fmt(r['published_per_second'], ',.0f'):>11} {r['received']:>9,} "
                 f"{r['lost']:>6,} {r['duplicates']:>4} "
                 f"{'ok' if not r['out_of_order'] else r['out_of_order']:>5} {relinks:>7}  {cpu}"
             )
@@ -1194,7 +1192,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
             for link, row in frames["links"].items():
                 role = "on path" if link in PATH_LINKS else "idle"
                 lines.append(
-                    f"{link:<6} {row['fwd_out']:>9,} {_fmt(row['per_event'], '.3f'):>9} "
+                    f"{link:<6} {row['fwd_out']:>9,} {fmt(row['per_event'], '.3f'):>9} "
                     f"{row['dropped']:>7}  {role}"
                 )
     prop = report.get("propagation")
@@ -1211,7 +1209,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
             ("sync=True: SUB sent -> SUBACK", sy["suback_ms"]),
         ):
             lines.append(
-                f"{label:<54} {_fmt(s['median'], '.2f'):>9} {_fmt(s['max'], '.2f'):>8} "
+                f"{label:<54} {fmt(s['median'], '.2f'):>9} {fmt(s['max'], '.2f'):>8} "
                 f"{s['samples']:>3}"
             )
         lines.append(
@@ -1244,8 +1242,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         ]
         for after, until, s in rows:
             lines.append(
-                f"{after:<12} {until:<42} {_fmt(s['median'], '.3f'):>8} "
-                f"{_fmt(s['max'], '.3f'):>7} {s['samples']:>3}"
+                f"{after:<12} {until:<42} {fmt(s['median'], '.3f'):>8} "
+                f"{fmt(s['max'], '.3f'):>7} {s['samples']:>3}"
             )
         if stop["crashed_after_sigcont"]:
             lines.append(
