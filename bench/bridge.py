@@ -96,7 +96,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -121,9 +120,11 @@ from bench.harness.processes import (  # noqa: E402
     HOST,
     BrokerProcess,
     broker_stats,
+    spawn_logged,
     start_broker,
     stop_broker,
     tail,
+    terminate,
 )
 from bench.harness.procfs import cpu_seconds, machine_cpu  # noqa: E402
 from bench.harness.report import fmt, goal_line, print_ending, write_report  # noqa: E402
@@ -309,14 +310,7 @@ def start_bridge(config: Path, log_path: Path, profile: Path | None) -> BridgePr
                "--config", str(config), "--log-format", "json"]  # fmt: skip
     if profile is not None:
         command[1:1] = ["-m", "cProfile", "-o", str(profile)]
-    log_file = open(log_path, "wb")  # noqa: SIM115 (closed in stop_bridge)
-    try:
-        popen = subprocess.Popen(
-            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file
-        )
-    except BaseException:
-        log_file.close()
-        raise
+    popen, log_file = spawn_logged(command, log_path)
     return BridgeProcess(popen, log_path, log_file)
 
 
@@ -324,16 +318,8 @@ def stop_bridge(bridge: BridgeProcess) -> dict[str, Any]:
     """SIGTERM (the bridge finishes its batches and commits), SIGKILL after a grace time."""
     popen = bridge.popen
     started = time.monotonic()
-    killed = False
     try:
-        if popen.poll() is None:
-            popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(BRIDGE_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                killed = True
-                popen.kill()
-                popen.wait(10)
+        killed = terminate(popen, BRIDGE_STOP_TIMEOUT, 10)
     finally:
         bridge.log_file.close()
     return {

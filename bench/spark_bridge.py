@@ -132,6 +132,7 @@ from bench.harness.processes import (  # noqa: E402
     start_broker,
     stop_broker,
     tail,
+    terminate,
 )
 from bench.harness.procfs import cpu_seconds, machine_cpu  # noqa: E402
 from bench.harness.report import fmt, goal_line, percentile, print_ending, write_report  # noqa: E402
@@ -409,14 +410,7 @@ def stop_spark(driver: SparkDriver) -> dict[str, Any]:
     killed = False
     try:
         driver.groups |= {info[1] for info in process_tree(driver.pid).values()}
-        if popen.poll() is None:
-            popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                killed = True
-                popen.kill()
-                popen.wait(10)
+        killed = terminate(popen, STOP_TIMEOUT, 10)
         left = kill_groups(driver.groups)
     finally:
         driver.log_file.close()

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import trio
 
@@ -84,6 +84,34 @@ def tail(path: Path, limit: int = 3000) -> str:
         return f"<{path}: {exc}>"
 
 
+def spawn_logged(command: list[str], log_path: Path) -> tuple[subprocess.Popen, IO[bytes]]:
+    """``command`` from the repository root, stdout and stderr to a new ``log_path``; the
+    log stays open for the caller to close when the process is stopped."""
+    log_file = open(log_path, "wb")  # noqa: SIM115 (the caller closes it)
+    try:
+        popen = subprocess.Popen(
+            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file
+        )
+    except BaseException:
+        log_file.close()
+        raise
+    return popen, log_file
+
+
+def terminate(popen: subprocess.Popen, grace: float, kill_wait: float | None = None) -> bool:
+    """SIGTERM, so that the process can finish cleanly; SIGKILL if it is still there after
+    ``grace`` seconds. Whether it had to be killed."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(kill_wait)
+            return True
+    return False
+
+
 @dataclass
 class BrokerProcess:
     popen: subprocess.Popen
@@ -113,14 +141,7 @@ def start_broker(
         command += ["--config", str(config)]
     if profile is not None:
         command[1:1] = ["-m", "cProfile", "-o", str(profile)]
-    log_file = open(log_path, "wb")  # noqa: SIM115 (closed in stop_broker)
-    try:
-        popen = subprocess.Popen(
-            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file
-        )
-    except BaseException:
-        log_file.close()
-        raise
+    popen, log_file = spawn_logged(command, log_path)
     broker = BrokerProcess(popen, port, log_path, log_file)
     try:
         wait_listening({"broker": (popen, port)}, BROKER_START_TIMEOUT)
@@ -139,16 +160,8 @@ def stop_broker(broker: BrokerProcess) -> dict[str, Any]:
     """SIGTERM, then SIGKILL after 10 s; the exit status and how long it took."""
     popen = broker.popen
     started = time.monotonic()
-    killed = False
     try:
-        if popen.poll() is None:
-            popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(BROKER_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                killed = True
-                popen.kill()
-                popen.wait()
+        killed = terminate(popen, BROKER_STOP_TIMEOUT)
     finally:
         broker.log_file.close()
     return {
