@@ -96,8 +96,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -116,18 +114,22 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository r
 import msgpack  # noqa: E402
 import trio  # noqa: E402
 
-from bench.common import goal_line, print_ending, write_report  # noqa: E402
-from bench.common import machine_info as common_machine_info  # noqa: E402
-from bench.e2e import (  # noqa: E402
-    BenchError,
+from bench.harness import BenchError  # noqa: E402
+from bench.harness.logs import scan_log  # noqa: E402
+from bench.harness.processes import (  # noqa: E402
+    HOST,
     BrokerProcess,
     broker_stats,
-    cpu_seconds,
-    free_port,
-    open_raw,
-    scan_log,
+    spawn_logged,
+    start_broker,
     stop_broker,
+    tail,
+    terminate,
 )
+from bench.harness.procfs import cpu_seconds, machine_cpu  # noqa: E402
+from bench.harness.report import fmt, goal_line, print_ending, write_report  # noqa: E402
+from bench.harness.report import machine_info as common_machine_info  # noqa: E402
+from bench.harness.wire import RECEIVE_SIZE, open_raw  # noqa: E402
 from bench.kafkaload import produce_confirmed  # noqa: E402
 from bridges.config import KAFKA_DEFAULTS  # noqa: E402
 from bridges.tansu import Tansu, TansuUnavailable, start_tansu  # noqa: E402
@@ -135,7 +137,6 @@ from broker.wire.connection import NEED_DATA, ConnectionClosed  # noqa: E402
 from broker.wire.frames import Error, Pong, Sub, SubAck  # noqa: E402
 from routing import parse_filter  # noqa: E402
 
-HOST = "127.0.0.1"
 TOPIC = "beacons"
 DEAD_LETTER_TOPIC = "beacons.dlq"
 PARTITIONS = 4
@@ -159,14 +160,11 @@ KAFKA_GROUP_TIMEOUTS = {"session.timeout.ms": 1500, "heartbeat.interval.ms": 300
 BRIDGE_SETTINGS = {"stats_interval": 0}  # everything else at the defaults
 BATCH_MAX = 5000  # the bridge's default batch_max: the flat consumer reads batches as big
 PREFETCH_KBYTES = KAFKA_DEFAULTS["queued.max.messages.kbytes"]
-KEEPALIVE = 600.0  # the subscriber only reads
-RECEIVE_SIZE = 256 * 1024
 FIRST_DELIVERY_TIMEOUT = 60.0  # bridge start-up, route table and group join
 IDLE_TIMEOUT = 15.0  # no delivery for this long after the first: give up
 RUN_TIMEOUT = 600.0  # one bridge run, all in
 FLAT_TIMEOUT = 300.0
 BRIDGE_STOP_TIMEOUT = 20.0  # the bridge waits up to shutdown_timeout (10 s) for confirms
-BROKER_START_TIMEOUT = 20.0
 #: The brokers' [peering] keepalive: the broker's default. (Until the route watcher got one
 #: writer per link, 2 s crashed it under load and this benchmark ran with 300 s.)
 PEER_KEEPALIVE = 2.0
@@ -255,13 +253,6 @@ def expected_ids(records: list[tuple[int, int, str]], label: str) -> set[str]:
 # -- processes ------------------------------------------------------------------------------
 
 
-def _tail(path: Path, limit: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-limit:]
-    except OSError as exc:
-        return f"<{path}: {exc}>"
-
-
 @dataclass
 class BridgeProcess:
     popen: subprocess.Popen
@@ -271,39 +262,6 @@ class BridgeProcess:
     @property
     def pid(self) -> int:
         return self.popen.pid
-
-
-def start_broker(log_path: Path, config: Path) -> BrokerProcess:
-    """``python -m broker.cli serve`` on a free port with ``config``, as bench/e2e.py does."""
-    port = free_port()
-    command = [sys.executable, "-m", "broker.cli", "serve", "--port", str(port),
-               "--host", HOST, "--log-format", "json", "--config", str(config)]  # fmt: skip
-    log_file = open(log_path, "wb")  # noqa: SIM115 (closed in stop_broker)
-    try:
-        popen = subprocess.Popen(
-            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file
-        )
-    except BaseException:
-        log_file.close()
-        raise
-    broker = BrokerProcess(popen, port, log_path, log_file)
-    deadline = time.monotonic() + BROKER_START_TIMEOUT
-    while True:
-        if popen.poll() is not None:
-            stop_broker(broker)
-            raise BenchError(
-                f"the broker exited with status {popen.returncode}:\n{_tail(log_path)}"
-            )
-        try:
-            with socket.create_connection((HOST, port), timeout=1):
-                return broker
-        except OSError:
-            if time.monotonic() > deadline:
-                stop_broker(broker)
-                raise BenchError(
-                    f"the broker did not listen within {BROKER_START_TIMEOUT:g} s"
-                ) from None
-            time.sleep(0.05)
 
 
 def write_broker_config(path: Path, peer_keepalive: float, dedup_window: int | None) -> None:
@@ -352,14 +310,7 @@ def start_bridge(config: Path, log_path: Path, profile: Path | None) -> BridgePr
                "--config", str(config), "--log-format", "json"]  # fmt: skip
     if profile is not None:
         command[1:1] = ["-m", "cProfile", "-o", str(profile)]
-    log_file = open(log_path, "wb")  # noqa: SIM115 (closed in stop_bridge)
-    try:
-        popen = subprocess.Popen(
-            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file
-        )
-    except BaseException:
-        log_file.close()
-        raise
+    popen, log_file = spawn_logged(command, log_path)
     return BridgeProcess(popen, log_path, log_file)
 
 
@@ -367,16 +318,8 @@ def stop_bridge(bridge: BridgeProcess) -> dict[str, Any]:
     """SIGTERM (the bridge finishes its batches and commits), SIGKILL after a grace time."""
     popen = bridge.popen
     started = time.monotonic()
-    killed = False
     try:
-        if popen.poll() is None:
-            popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(BRIDGE_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                killed = True
-                popen.kill()
-                popen.wait(10)
+        killed = terminate(popen, BRIDGE_STOP_TIMEOUT, 10)
     finally:
         bridge.log_file.close()
     return {
@@ -402,18 +345,6 @@ def bridge_log(path: Path) -> dict[str, Any]:
         pass
     return {"final_counters": final, "problems": scanned.get("problems", []),
             "levels": scanned.get("levels", {})}  # fmt: skip
-
-
-def machine_cpu() -> float:
-    """CPU seconds the whole machine has spent busy since boot (user, nice, system, irq,
-    softirq: not idle, iowait or steal, the time the hypervisor gave to other guests)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return float("nan")
-    busy = sum(fields[:7]) - fields[3] - fields[4]
-    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu(pids: dict[str, int]) -> dict[str, float]:
@@ -549,7 +480,7 @@ def run_bridge_path(
     try:
         broker_config = log_dir / f"broker-{slug}.toml"
         write_broker_config(broker_config, peer_keepalive, dedup_window)
-        broker = start_broker(log_dir / f"broker-{slug}.log", broker_config)
+        broker = start_broker(log_dir / f"broker-{slug}.log", config=broker_config)
         result["broker_pid"] = broker.pid
         config = log_dir / f"bridge-{slug}.toml"
         result["group_id"] = write_bridge_config(config, tansu, broker.port, label, kafka_extra)
@@ -581,7 +512,7 @@ def run_bridge_path(
         stopped = stop_bridge(bridge)
         result["bridge_stop"] = stopped
         if got["error"] is not None or stopped["exit_status"] != 0:
-            result["bridge_log_tail"] = _tail(bridge.log_path)
+            result["bridge_log_tail"] = tail(bridge.log_path)
         ids = [msg_id for msg_id, _topic in got["received"]]
         unique = set(ids)
         matcher = parse_filter(filter)
@@ -629,7 +560,7 @@ def run_bridge_path(
         result["error"] = traceback.format_exc()
         for process, name in ((bridge, "bridge"), (broker, "broker")):
             if process is not None:
-                result[f"{name}_log_tail"] = _tail(process.log_path)
+                result[f"{name}_log_tail"] = tail(process.log_path)
         return result
     finally:
         if bridge is not None and not stopped:
@@ -739,12 +670,6 @@ def run_flat_path(
 # -- report -------------------------------------------------------------------------------------
 
 
-def _fmt(value: Any, spec: str = ",") -> str:
-    if value is None:
-        return "-"
-    return format(value, spec)
-
-
 def table_lines(report: dict[str, Any]) -> list[str]:
     events = report["parameters"]["events"]
     lines = [
@@ -760,12 +685,12 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         b, f = run.get("bridge", {}), run.get("flat", {})
         exact = "yes" if not run.get("problems") else "NO"
         lines.append(
-            f"{label:<6} {run['filter']:<18} {_fmt(run.get('wanted')):>8} "
-            f"{_fmt(b.get('events_per_second')):>12} {_fmt(f.get('events_per_second')):>10} "
-            f"{_fmt(b.get('moved_per_wanted'), '.3f'):>13} "
-            f"{_fmt(f.get('moved_per_wanted'), '.1f'):>13} "
-            f"{_fmt(b.get('first_delivery_seconds'), '.2f'):>11} "
-            f"{_fmt(b.get('broker_messages_in')):>10} {exact:>6}"
+            f"{label:<6} {run['filter']:<18} {fmt(run.get('wanted')):>8} "
+            f"{fmt(b.get('events_per_second')):>12} {fmt(f.get('events_per_second')):>10} "
+            f"{fmt(b.get('moved_per_wanted'), '.3f'):>13} "
+            f"{fmt(f.get('moved_per_wanted'), '.1f'):>13} "
+            f"{fmt(b.get('first_delivery_seconds'), '.2f'):>11} "
+            f"{fmt(b.get('broker_messages_in')):>10} {exact:>6}"
         )
     lines.append("")
     lines.append(
@@ -966,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
         report["error"] = traceback.format_exc()
         print(f"failed:\n{report['error']}", file=sys.stderr, flush=True)
         if tansu is not None:
-            print(f"--- Tansu log tail:\n{_tail(Path(tansu.log_path))}", file=sys.stderr)
+            print(f"--- Tansu log tail:\n{tail(Path(tansu.log_path))}", file=sys.stderr)
         ok = False
     finally:
         if tansu is not None:

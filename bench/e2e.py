@@ -101,21 +101,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import math
 import multiprocessing
 import os
 import shutil
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
@@ -129,42 +121,47 @@ import msgpack  # noqa: E402
 import trio  # noqa: E402
 
 from bench import workload  # noqa: E402
-from bench.common import (  # noqa: E402
+from bench.harness import BenchError  # noqa: E402
+from bench.harness.logs import scan_log  # noqa: E402
+from bench.harness.processes import (  # noqa: E402
+    HOST,
+    BrokerProcess,
+    broker_stats,
+    start_broker,
+    stop_broker,
+)
+from bench.harness.procfs import cpu_seconds, cpu_times, proc_status  # noqa: E402
+from bench.harness.report import (  # noqa: E402
     file_system,
+    fmt,
     goal_line,
+    percentile,
     print_ending,
     write_report,
 )
-from bench.common import machine_info as common_machine_info  # noqa: E402
+from bench.harness.report import machine_info as common_machine_info  # noqa: E402
+from bench.harness.wire import KEEPALIVE, RECEIVE_SIZE, frame_bytes, open_raw, pipelined  # noqa: E402
+from bench.harness.workers import Worker  # noqa: E402
 from broker.client import BrokerError, connect  # noqa: E402
-from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role  # noqa: E402
+from broker.wire.connection import Connection  # noqa: E402
 from broker.wire.frames import (  # noqa: E402
     PROTOCOL_VERSION,
     Ack,
-    Error,
-    Frame,
     Hello,
     Pong,
     Sub,
     SubAck,
     Unsub,
     UnsubAck,
-    Welcome,
-    encode_frame,
 )
 from routing import NATIVE, SubscriptionTable  # noqa: E402
 
-HOST = "127.0.0.1"
 PAYLOAD_SIZE = 500
 CONTROL_TOPIC = "bench/control/done"
 EXACT_TOPIC = "bench/exact/orders"
 FANOUT_TOPIC = "bench/fanout/prices"
-RECEIVE_SIZE = 256 * 1024
-KEEPALIVE = 600.0  # seconds; subscribers only read, so ask the broker not to expect PINGs
 DONE_RESEND_SECONDS = 0.1
 DONE_RESEND_LIMIT = 120.0  # the publisher gives up repeating the marker after this
-BROKER_START_TIMEOUT = 20.0
-BROKER_STOP_TIMEOUT = 10.0
 WORKER_READY_TIMEOUT = 120.0
 GOAL_DELIVERED = 75_000
 GOAL_P99_MS = 2.0
@@ -219,64 +216,7 @@ QUICK: dict[str, Any] = {
 }
 
 
-class BenchError(Exception):
-    """A scenario could not run (worker failure, timeout, broker not starting)."""
-
-
 # -- subscriber side (runs in worker processes) -------------------------------------------
-
-
-async def _next_frame(stream: trio.SocketStream, proto: Connection) -> Frame:
-    while True:
-        event = proto.next_event()
-        if event is NEED_DATA:
-            proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
-            continue
-        if isinstance(event, ConnectionClosed):
-            raise BenchError("the broker closed the connection")
-        return event  # type: ignore[return-value]
-
-
-async def open_raw(port: int) -> tuple[trio.SocketStream, Connection]:
-    """A TCP connection after HELLO / WELCOME, and its protocol object."""
-    stream = await trio.open_tcp_stream(HOST, port)
-    proto = Connection(Role.CLIENT)
-    await stream.send_all(proto.send(Hello(version=PROTOCOL_VERSION, keepalive=KEEPALIVE)))
-    welcome = await _next_frame(stream, proto)
-    if not isinstance(welcome, Welcome):
-        raise BenchError(f"expected WELCOME, got {welcome!r}")
-    return stream, proto
-
-
-async def pipelined(
-    stream: trio.SocketStream, proto: Connection, data: bytes, want: type, count: int
-) -> tuple[float, list[Frame], list[Error]]:
-    """Send ``data`` while reading ``count`` replies of type ``want`` (or ERRORs).
-
-    Returns the seconds from the first byte sent to the last reply, the replies and the
-    errors.
-    """
-    replies: list[Frame] = []
-    errors: list[Error] = []
-    started = time.perf_counter()
-    elapsed = 0.0
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(stream.send_all, data)
-        while len(replies) + len(errors) < count:
-            for event in proto.next_events():  # every reply of the last read, NEED_DATA
-                if event is NEED_DATA:
-                    if len(replies) + len(errors) < count:
-                        proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
-                elif isinstance(event, want):
-                    replies.append(event)  # type: ignore[arg-type]
-                elif isinstance(event, Error):
-                    errors.append(event)
-                elif isinstance(event, ConnectionClosed):
-                    raise BenchError("the broker closed the connection")
-                elif isinstance(event, BaseException):
-                    raise event
-        elapsed = time.perf_counter() - started
-    return elapsed, replies, errors
 
 
 class SubscriberConnection:
@@ -506,11 +446,6 @@ async def publisher_main(pipe: Pipe, port: int, spec: tuple[str, Any], seed: int
 # -- durable scenarios: subscriber and publisher (worker processes) -----------------------
 
 
-def _frame_bytes(frame: Frame) -> bytes:
-    body = encode_frame(frame)
-    return len(body).to_bytes(4, "big") + body
-
-
 def _bench_payload() -> bytes:
     return bytes(range(256)) * (PAYLOAD_SIZE // 256) + bytes(PAYLOAD_SIZE % 256)
 
@@ -546,7 +481,7 @@ class DurableSubscriber:
             durable=True,
             keepalive=KEEPALIVE,
         )
-        await stream.send_all(_frame_bytes(hello))
+        await stream.send_all(frame_bytes(hello))
         while True:
             buf = self.buffer
             if len(buf) >= 4:
@@ -563,7 +498,7 @@ class DurableSubscriber:
         if body.get("type") != "WELCOME":
             raise BenchError(f"expected WELCOME, got {body!r}")
         self.session_present = bool(body.get("session_present"))
-        await stream.send_all(_frame_bytes(Sub(id=1, filter=DURABLE_FILTER, dialect=NATIVE)))
+        await stream.send_all(frame_bytes(Sub(id=1, filter=DURABLE_FILTER, dialect=NATIVE)))
 
     def start_count(self) -> None:
         self.result = {
@@ -627,14 +562,14 @@ class DurableSubscriber:
                     self.unacked += 1
                     if self.unacked >= DURABLE_ACK_EVERY or r["done_seq"] == seq:
                         if seq > self.last_acked:
-                            out += _frame_bytes(Ack(seq=seq))
+                            out += frame_bytes(Ack(seq=seq))
                             self.last_acked = seq
                             self.acks_sent += 1
                         self.unacked = 0
                 elif kind == "SUBACK":
                     self.suback = True
                 elif kind == "PING":
-                    out += _frame_bytes(Pong(id=body.get("id", 0)))
+                    out += frame_bytes(Pong(id=body.get("id", 0)))
                 elif kind == "ERROR":
                     r["error"] = f"ERROR {body.get('code')}: {body.get('text')}"
                 else:
@@ -846,230 +781,11 @@ async def durable_publisher_main(pipe: Pipe, port: int) -> None:
             pipe.send(("published", info))
 
 
-def _worker_entry(target: Callable[..., Any], pipe: Pipe, *args: Any) -> None:
-    try:
-        trio.run(target, pipe, *args)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            pipe.send(("error", traceback.format_exc()))
-        raise SystemExit(1) from None
-
-
-# -- coordinator side ---------------------------------------------------------------------
-
-
-class Worker:
-    """A worker process and the coordinator's end of its pipe."""
-
-    def __init__(self, ctx: Any, target: Callable[..., Any], args: tuple, name: str) -> None:
-        self.name = name
-        self.pipe, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_worker_entry, args=(target, child, *args), name=name, daemon=True
-        )
-        self.process.start()
-        child.close()
-        self.pid = self.process.pid
-
-    def send(self, message: tuple) -> None:
-        self.pipe.send(message)
-
-    def expect(self, kind: str, timeout: float) -> tuple:
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise BenchError(f"{self.name}: no {kind!r} within {timeout:g} s")
-            if self.pipe.poll(min(remaining, 0.2)):
-                try:
-                    message = self.pipe.recv()
-                except EOFError:
-                    raise BenchError(f"{self.name} exited ({self.process.exitcode})") from None
-                if message[0] == "error":
-                    raise BenchError(f"{self.name} failed:\n{message[1]}")
-                if message[0] != kind:
-                    raise BenchError(f"{self.name}: expected {kind!r}, got {message[0]!r}")
-                return message
-            if not self.process.is_alive() and not self.pipe.poll(0):
-                raise BenchError(f"{self.name} exited with status {self.process.exitcode}")
-
-    def stop(self) -> None:
-        """Ask it to finish; terminate, then kill, if it does not."""
-        if self.process.is_alive():
-            with contextlib.suppress(OSError, ValueError):
-                self.pipe.send(("stop",))
-            self.process.join(5)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
-        self.pipe.close()
-
-
-@dataclass
-class BrokerProcess:
-    popen: subprocess.Popen
-    port: int
-    log_path: Path
-    log_file: Any
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-
 def _profile_path(profile_dir: Path | None, name: str) -> Path | None:
     if profile_dir is None:
         return None
     profile_dir.mkdir(parents=True, exist_ok=True)
     return profile_dir / f"{name}.prof"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def start_broker(
-    log_path: Path, profile: Path | None = None, data_dir: Path | None = None
-) -> BrokerProcess:
-    """A broker on a free port; under cProfile (stats written at exit) if ``profile``; with
-    its store in ``data_dir`` if given."""
-    port = free_port()
-    command = [
-        sys.executable, "-m", "broker.cli", "serve",
-        "--port", str(port), "--host", HOST, "--log-format", "json",
-    ]  # fmt: skip
-    if data_dir is not None:
-        command += ["--data-dir", str(data_dir)]
-    if profile is not None:
-        command[1:1] = ["-m", "cProfile", "-o", str(profile)]
-    log_file = open(log_path, "wb")  # noqa: SIM115 (closed in stop_broker)
-    popen = subprocess.Popen(
-        command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file
-    )
-    broker = BrokerProcess(popen, port, log_path, log_file)
-    deadline = time.monotonic() + BROKER_START_TIMEOUT
-    while True:
-        if popen.poll() is not None:
-            stop_broker(broker)
-            tail = log_path.read_text(errors="replace")[-2000:]
-            raise BenchError(f"the broker exited with status {popen.returncode}:\n{tail}")
-        try:
-            with socket.create_connection((HOST, port), timeout=1):
-                return broker
-        except OSError:
-            if time.monotonic() > deadline:
-                stop_broker(broker)
-                raise BenchError(
-                    f"the broker did not listen within {BROKER_START_TIMEOUT} s"
-                ) from None
-            time.sleep(0.05)
-
-
-def stop_broker(broker: BrokerProcess) -> dict[str, Any]:
-    """SIGTERM, then SIGKILL after 10 s; the exit status and how long it took."""
-    popen = broker.popen
-    started = time.monotonic()
-    killed = False
-    try:
-        if popen.poll() is None:
-            popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(BROKER_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                killed = True
-                popen.kill()
-                popen.wait()
-    finally:
-        broker.log_file.close()
-    return {
-        "exit_status": popen.returncode,
-        "stop_seconds": round(time.monotonic() - started, 3),
-        "killed": killed,
-    }
-
-
-def broker_stats(port: int) -> dict[str, Any]:
-    async def fetch() -> dict[str, Any]:
-        with trio.fail_after(15):
-            async with connect((HOST, port)) as client:
-                return await client.stats()
-
-    return trio.run(fetch)
-
-
-def proc_status(pid: int) -> dict[str, float]:
-    """VmRSS and VmHWM of ``pid`` in MB."""
-    out: dict[str, float] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0]) / 1024
-    return out
-
-
-def cpu_times(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` so far."""
-    return sum(cpu_times(pid))
-
-
-def scan_log(path: Path) -> dict[str, Any]:
-    """Levels, warnings/errors/tracebacks and "closing" events in the broker's log."""
-    levels: Counter[str] = Counter()
-    closing: Counter[str] = Counter()
-    problems: list[str] = []
-    problem_count = 0
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return {"error": str(exc)}
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
-            levels["(not json)"] += 1
-            problem_count += 1
-            if len(problems) < 12:
-                problems.append(line[:400])
-            continue
-        level = str(record.get("level", "?"))
-        levels[level] += 1
-        if record.get("event") == "closing":
-            closing[str(record.get("code"))] += 1
-        if level in ("warning", "error", "critical", "exception"):
-            problem_count += 1
-            if len(problems) < 12:
-                problems.append(line[:400])
-    return {
-        "lines": len(lines),
-        "levels": dict(levels),
-        "closing": dict(closing),
-        "problem_count": problem_count,
-        "problems": problems,
-    }
-
-
-def percentile(ordered: list[int], q: float) -> int:
-    """Nearest-rank percentile of a sorted list."""
-    rank = max(1, math.ceil(len(ordered) * q))
-    return ordered[min(len(ordered), rank) - 1]
 
 
 # -- scenarios -----------------------------------------------------------------------------
@@ -1615,12 +1331,6 @@ def run_durable_scenario(
 # -- report --------------------------------------------------------------------------------
 
 
-def _fmt(value: Any, spec: str) -> str:
-    if value is None:
-        return "-"
-    return format(value, spec)
-
-
 def table_lines(scenarios: dict[str, dict[str, Any]]) -> list[str]:
     header = (
         f"{'scenario':<11} {'subs':>6} {'conns':>5} {'published/s':>12} {'delivered/s':>12} "
@@ -1646,11 +1356,11 @@ def table_lines(scenarios: dict[str, dict[str, Any]]) -> list[str]:
             )
         lines.append(
             f"{name:<11} {r['subscriptions']:>6,} {r['connections']:>5} "
-            f"{_fmt(a['published_per_second'], ',.0f'):>12} "
-            f"{_fmt(a['delivered_per_second'], ',.0f'):>12} "
-            f"{_fmt(a.get('deliveries_per_message'), '.2f'):>9} "
-            f"{_fmt(lat.get('p50'), '.2f'):>7} {_fmt(lat.get('p99'), '.2f'):>7} "
-            f"{_fmt(lat.get('max'), '.2f'):>7} {_fmt(r.get('broker_rss_mb'), '.1f'):>7} "
+            f"{fmt(a['published_per_second'], ',.0f'):>12} "
+            f"{fmt(a['delivered_per_second'], ',.0f'):>12} "
+            f"{fmt(a.get('deliveries_per_message'), '.2f'):>9} "
+            f"{fmt(lat.get('p50'), '.2f'):>7} {fmt(lat.get('p99'), '.2f'):>7} "
+            f"{fmt(lat.get('max'), '.2f'):>7} {fmt(r.get('broker_rss_mb'), '.1f'):>7} "
             f"{drops:>16}"
         )
     return lines
@@ -1709,15 +1419,15 @@ def durable_lines(scenarios: dict[str, dict[str, Any]]) -> list[str]:
             details.append(
                 f"{name}: {r['stored']:,} stored while away in {r['fill_seconds']:.2f} s "
                 f"({r['stored_per_second']:,.0f}/s); reconnect -> first MSG "
-                f"{_fmt(first, ',.1f')} ms, all in {_fmt(r['replay_seconds'], '.3f')} s; "
+                f"{fmt(first, ',.1f')} ms, all in {fmt(r['replay_seconds'], '.3f')} s; "
                 f"session_present {r['session_present']}; broker messages_replayed "
                 f"{r['broker']['messages_replayed']:,}"
             )
         lines.append(
-            f"{name:<15} {_fmt(rate, ',.0f'):>8} {what:<22} {_fmt(lat.get('p50'), '.2f'):>7} "
-            f"{_fmt(lat.get('p99'), '.2f'):>7} {_fmt(lat.get('max'), '.2f'):>7} "
+            f"{name:<15} {fmt(rate, ',.0f'):>8} {what:<22} {fmt(lat.get('p50'), '.2f'):>7} "
+            f"{fmt(lat.get('p99'), '.2f'):>7} {fmt(lat.get('max'), '.2f'):>7} "
             f"{r['received']:>9,} {r['missing']:>7,} {'yes' if r['in_order'] else 'NO':>8} "
-            f"{_fmt(r.get('broker_rss_mb'), '.1f'):>7}"
+            f"{fmt(r.get('broker_rss_mb'), '.1f'):>7}"
         )
     fs = {scenarios[n].get("data_dir_filesystem") for n in present}
     return [
@@ -1894,7 +1604,7 @@ def cpu_lines(report: dict[str, Any]) -> list[str]:
         a, b = r["throughput"], r["latency"]
         lines.append(
             f"  {name:<10} throughput: broker CPU {a['broker_cpu_utilisation']:.0%} "
-            f"({_fmt(a['broker_cpu_system_share'], '.0%')} of it in the kernel), "
+            f"({fmt(a['broker_cpu_system_share'], '.0%')} of it in the kernel), "
             f"publisher {a['publisher_cpu_seconds']:.1f} s, subscribers "
             f"{a['subscriber_cpu_seconds']:.1f} s over {a['phase_wall_seconds']:.1f} s; "
             f"latency: achieved {b['achieved_rate']:,.0f} msg/s, broker CPU "
@@ -1906,7 +1616,7 @@ def cpu_lines(report: dict[str, Any]) -> list[str]:
             continue
         line = (
             f"  {name:<10} broker CPU {r['broker_cpu_utilisation']:.0%} "
-            f"({_fmt(r['broker_cpu_system_share'], '.0%')} of it in the kernel) over "
+            f"({fmt(r['broker_cpu_system_share'], '.0%')} of it in the kernel) over "
             f"{r['phase_wall_seconds']:.1f} s, subscriber {r['subscriber_cpu_seconds']:.1f} s"
         )
         if name in CONFIRM_SCENARIOS:

@@ -72,7 +72,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import workload  # noqa: E402
-from bench.common import machine_info  # noqa: E402
+from bench.harness.report import machine_info  # noqa: E402
 from routing import SubscriptionTable, parse_filter  # noqa: E402
 from routing.topics import split_topic  # noqa: E402
 

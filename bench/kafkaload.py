@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.e2e import BenchError
+from bench.harness import BenchError
 from bridges.tansu import Tansu
 
 PRODUCE_TIMEOUT = 120.0  # seconds for a backlog; a paced run gets its own length on top

@@ -81,17 +81,13 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
 from typing import Any
@@ -103,9 +99,18 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository r
 import msgpack  # noqa: E402
 import trio  # noqa: E402
 
-from bench.common import goal_line, print_ending, write_report  # noqa: E402
-from bench.common import machine_info as common_machine_info  # noqa: E402
-from bench.e2e import BenchError, Worker, cpu_seconds, free_port, open_raw  # noqa: E402
+from bench.harness import BenchError  # noqa: E402
+from bench.harness.mesh import BrokerMesh, write_config  # noqa: E402
+from bench.harness.procfs import cpu_seconds  # noqa: E402
+from bench.harness.report import (  # noqa: E402
+    fmt,
+    goal_line,
+    print_ending,
+    write_report,
+)
+from bench.harness.report import machine_info as common_machine_info  # noqa: E402
+from bench.harness.wire import open_raw  # noqa: E402
+from bench.harness.workers import Worker  # noqa: E402
 from broker.client import BrokerError, Client, ConnectionLost, ProtocolError, connect  # noqa: E402
 from broker.wire.connection import NEED_DATA, ConnectionClosed  # noqa: E402
 from broker.wire.frames import Error, Pong, Sub, SubAck  # noqa: E402
@@ -124,8 +129,6 @@ KEEPALIVE = 600.0  # client keepalive: the bench clients only read or only write
 PEERING = {"keepalive": 0.3, "flush": 0.005, "backoff_max": 0.5}
 CONTROL_KEEPALIVE = 2.0  # the default: the line's throughput again, as a control
 IN_FLIGHT_MS = 20.0  # a failure phase starts this much before its action (events in flight)
-BROKER_START_TIMEOUT = 20.0
-BROKER_STOP_TIMEOUT = 10.0
 MESH_TIMEOUT = 20.0
 WORKER_READY_TIMEOUT = 60.0
 IDLE_TIMEOUT = 5.0  # the subscriber gives up this long after its last event
@@ -299,171 +302,14 @@ async def subscriber_main(pipe: Pipe, port: int, count: int, overall: float) -> 
         await trio.aclose_forcefully(stream)
 
 
-# -- broker processes ----------------------------------------------------------------------
+# -- broker logs ----------------------------------------------------------------------------
 
 
-@dataclass
-class Node:
-    name: str
-    port: int
-    peers: list[str]
-    popen: subprocess.Popen | None = None
-    log_paths: list[Path] = field(default_factory=list)
-    log_files: list[Any] = field(default_factory=list)
-    pids: list[int] = field(default_factory=list)  # every process started for it
-    stopped: bool = False  # SIGSTOPped
-
-    @property
-    def pid(self) -> int:
-        assert self.popen is not None
-        return self.popen.pid
-
-
-class Cluster:
-    """Brokers named by their ids, each dialling the ones ``links`` lists."""
-
-    def __init__(self, label: str, links: dict[str, list[str]], config: Path, log_dir: Path):
-        self.label = label
-        self.config = config
-        self.log_dir = log_dir
-        self.ports = {name: free_port() for name in links}
-        self.nodes = {name: Node(name, self.ports[name], peers) for name, peers in links.items()}
-        self.stops: dict[str, list[dict[str, Any]]] = {name: [] for name in links}
-
-    def command(self, node: Node) -> list[str]:
-        command = [
-            sys.executable, "-m", "broker.cli", "serve",
-            "--host", HOST, "--port", str(node.port), "--broker-id", node.name,
-            "--config", str(self.config), "--log-format", "json",
-        ]  # fmt: skip
-        for peer in node.peers:
-            command += ["--peer", f"{HOST}:{self.ports[peer]}"]
-        return command
-
-    def launch(self, name: str) -> None:
-        """Start a broker's process (again); does not wait for it to listen."""
-        node = self.nodes[name]
-        self._reap(node)
-        path = self.log_dir / f"{self.label}-{name}-{len(node.log_paths) + 1}.log"
-        log_file = open(path, "wb")  # noqa: SIM115 (closed in stop)
-        node.log_paths.append(path)
-        node.log_files.append(log_file)
-        node.stopped = False
-        node.popen = subprocess.Popen(
-            self.command(node), cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file,
-            stderr=log_file,
-        )  # fmt: skip
-        node.pids.append(node.popen.pid)
-
-    def start(self) -> None:
-        """Every broker, in parallel; returns once all listen."""
-        for name in self.nodes:
-            self.launch(name)
-        deadline = time.monotonic() + BROKER_START_TIMEOUT
-        waiting = set(self.nodes)
-        while waiting:
-            for name in sorted(waiting):
-                node = self.nodes[name]
-                assert node.popen is not None
-                if node.popen.poll() is not None:
-                    tail = node.log_paths[-1].read_text(errors="replace")[-2000:]
-                    raise BenchError(
-                        f"broker {self.label}/{name} exited with status "
-                        f"{node.popen.returncode}:\n{tail}"
-                    )
-                try:
-                    with socket.create_connection((HOST, node.port), timeout=1):
-                        waiting.discard(name)
-                except OSError:
-                    pass
-            if waiting:
-                if time.monotonic() > deadline:
-                    raise BenchError(
-                        f"brokers {sorted(waiting)} did not listen within "
-                        f"{BROKER_START_TIMEOUT:g} s"
-                    )
-                time.sleep(0.05)
-
-    def kill(self, name: str) -> None:
-        """SIGKILL, without waiting (the caller's event loop goes on at once); the process
-        is reaped when the broker is launched again, or stopped."""
-        node = self.nodes[name]
-        assert node.popen is not None
-        node.popen.kill()
-        self.stops[name].append({"exit_status": None, "how": "SIGKILL"})
-
-    def _reap(self, node: Node) -> None:
-        if node.popen is not None and node.popen.returncode is None:
-            entries = self.stops[node.name]
-            if entries and entries[-1]["how"] == "SIGKILL" and entries[-1]["exit_status"] is None:
-                entries[-1]["exit_status"] = node.popen.wait(BROKER_STOP_TIMEOUT)
-
-    def pause(self, name: str) -> None:
-        node = self.nodes[name]
-        os.kill(node.pid, signal.SIGSTOP)
-        node.stopped = True
-
-    def resume(self, name: str) -> None:
-        node = self.nodes[name]
-        os.kill(node.pid, signal.SIGCONT)
-        node.stopped = False
-
-    def stop(self) -> None:
-        """SIGCONT (if stopped) and SIGTERM to all, then wait; SIGKILL whoever lingers."""
-        started = time.monotonic()
-        running = []
-        for node in self.nodes.values():
-            popen = node.popen
-            if popen is None:
-                continue
-            self._reap(node)
-            if popen.poll() is not None:
-                if not self.stops[node.name] or self.stops[node.name][-1]["how"] != "SIGKILL":
-                    self.stops[node.name].append(
-                        {"exit_status": popen.returncode, "how": "exited by itself"}
-                    )
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                if node.stopped:
-                    os.kill(popen.pid, signal.SIGCONT)
-                    node.stopped = False
-                popen.send_signal(signal.SIGTERM)
-            running.append(node)
-        for node in running:
-            assert node.popen is not None
-            killed = False
-            remaining = max(0.1, started + BROKER_STOP_TIMEOUT - time.monotonic())
-            try:
-                node.popen.wait(remaining)
-            except subprocess.TimeoutExpired:
-                killed = True
-                node.popen.kill()
-                node.popen.wait()
-            self.stops[node.name].append(
-                {
-                    "exit_status": node.popen.returncode,
-                    "how": "SIGTERM",
-                    "killed": killed,
-                    "stop_seconds": round(time.monotonic() - started, 3),
-                }
-            )
-        for node in self.nodes.values():
-            for log_file in node.log_files:
-                log_file.close()
-            node.log_files.clear()
-
-    def pids(self) -> dict[str, int]:
-        return {name: node.pid for name, node in self.nodes.items() if node.popen is not None}
-
-    def log_summary(self) -> dict[str, Any]:
-        return {
-            name: [scan_log(path) for path in node.log_paths] for name, node in self.nodes.items()
-        }
-
-
-def write_config(path: Path, peering: dict[str, float]) -> Path:
-    path.write_text("[peering]\n" + "".join(f"{k} = {v}\n" for k, v in peering.items()))
-    return path
+def log_summary(cluster: BrokerMesh) -> dict[str, Any]:
+    """Every launch's log of every broker, scanned."""
+    return {
+        name: [scan_log(path) for path in node.log_paths] for name, node in cluster.nodes.items()
+    }
 
 
 def scan_log(path: Path) -> dict[str, Any]:
@@ -559,7 +405,7 @@ def summary(values: list[float]) -> dict[str, Any]:
 # -- 1 + 2: throughput and link frames ------------------------------------------------------
 
 
-def run_throughput(cluster: Cluster, pub: str, sub: str, count: int, ctx: Any) -> dict[str, Any]:
+def run_throughput(cluster: BrokerMesh, pub: str, sub: str, count: int, ctx: Any) -> dict[str, Any]:
     """One publisher on ``pub``, one wildcard subscriber on ``sub``; stats deltas of all."""
     ports = cluster.ports
     overall = max(60.0, count / 2_000)
@@ -892,7 +738,7 @@ async def _accepting(port: int) -> int:
             await trio.sleep(0.01)
 
 
-def _died(cluster: Cluster, names: list[str]) -> dict[str, Any] | None:
+def _died(cluster: BrokerMesh, names: list[str]) -> dict[str, Any] | None:
     """The first of ``names`` whose process has exited: its exit status and last words."""
     for name in names:
         node = cluster.nodes[name]
@@ -916,7 +762,7 @@ def _crash_text(crash: dict[str, Any]) -> str:
     return f"broker {crash['broker']} exited with status {crash['exit_status']}: {crash['message']}"
 
 
-async def _convergence(cluster: Cluster, kill_cycles: int, stop_cycles: int) -> dict[str, Any]:
+async def _convergence(cluster: BrokerMesh, kill_cycles: int, stop_cycles: int) -> dict[str, Any]:
     ports = cluster.ports
     flow = EventFlow()
     marks: list[tuple[str, int]] = []
@@ -1125,12 +971,6 @@ async def _convergence(cluster: Cluster, kill_cycles: int, stop_cycles: int) -> 
 # -- report ----------------------------------------------------------------------------------
 
 
-def _fmt(value: Any, spec: str) -> str:
-    if value is None:
-        return "-"
-    return format(value, spec)
-
-
 def table_lines(report: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     tput = report.get("throughput", {})
@@ -1165,8 +1005,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                 (b.get("peering") or {}).get("links_opened", 0) for b in r["brokers"].values()
             )
             lines.append(
-                f"{label:<34} {_fmt(r['events_per_second'], ',.0f'):>9} "
-                f"{_fmt(r['published_per_second'], ',.0f'):>11} {r['received']:>9,} "
+                f"{label:<34} {fmt(r['events_per_second'], ',.0f'):>9} "
+                f"{fmt(r['published_per_second'], ',.0f'):>11} {r['received']:>9,} "
                 f"{r['lost']:>6,} {r['duplicates']:>4} "
                 f"{'ok' if not r['out_of_order'] else r['out_of_order']:>5} {relinks:>7}  {cpu}"
             )
@@ -1194,7 +1034,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
             for link, row in frames["links"].items():
                 role = "on path" if link in PATH_LINKS else "idle"
                 lines.append(
-                    f"{link:<6} {row['fwd_out']:>9,} {_fmt(row['per_event'], '.3f'):>9} "
+                    f"{link:<6} {row['fwd_out']:>9,} {fmt(row['per_event'], '.3f'):>9} "
                     f"{row['dropped']:>7}  {role}"
                 )
     prop = report.get("propagation")
@@ -1211,7 +1051,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
             ("sync=True: SUB sent -> SUBACK", sy["suback_ms"]),
         ):
             lines.append(
-                f"{label:<54} {_fmt(s['median'], '.2f'):>9} {_fmt(s['max'], '.2f'):>8} "
+                f"{label:<54} {fmt(s['median'], '.2f'):>9} {fmt(s['max'], '.2f'):>8} "
                 f"{s['samples']:>3}"
             )
         lines.append(
@@ -1244,8 +1084,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         ]
         for after, until, s in rows:
             lines.append(
-                f"{after:<12} {until:<42} {_fmt(s['median'], '.3f'):>8} "
-                f"{_fmt(s['max'], '.3f'):>7} {s['samples']:>3}"
+                f"{after:<12} {until:<42} {fmt(s['median'], '.3f'):>8} "
+                f"{fmt(s['max'], '.3f'):>7} {s['samples']:>3}"
             )
         if stop["crashed_after_sigcont"]:
             lines.append(
@@ -1462,16 +1302,16 @@ def main(argv: list[str] | None = None) -> int:
     def with_cluster(
         label: str,
         links: dict[str, list[str]],
-        body: Callable[[Cluster], Any],
+        body: Callable[[BrokerMesh], Any],
         config_path: Path = config,
     ) -> Any:
-        cluster = Cluster(label, links, config_path, log_dir)
+        cluster = BrokerMesh(label, links, config_path, log_dir)
         try:
             cluster.start()
             return body(cluster)
         finally:
-            cluster.stop()
-            report["broker_logs"][label] = cluster.log_summary()
+            cluster.close()
+            report["broker_logs"][label] = log_summary(cluster)
             report["broker_stops"][label] = cluster.stops
             report["broker_pids"][label] = {n: node.pids for n, node in cluster.nodes.items()}
 
@@ -1485,7 +1325,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
         )  # fmt: skip
 
-        def line_body(cluster: Cluster) -> dict[str, Any]:
+        def line_body(cluster: BrokerMesh) -> dict[str, Any]:
             mesh = trio.run(wait_mesh, cluster.ports, all_reachable(list(LINE)))
             print("  line throughput ...", flush=True)
             result = run_throughput(cluster, "A", "C", params["events"], ctx)
@@ -1511,7 +1351,7 @@ def main(argv: list[str] | None = None) -> int:
                 log_dir / "peering-control.toml", {**PEERING, "keepalive": control}
             )
 
-            def control_body(cluster: Cluster) -> dict[str, Any]:
+            def control_body(cluster: BrokerMesh) -> dict[str, Any]:
                 mesh = trio.run(wait_mesh, cluster.ports, all_reachable(list(LINE)))
                 print(f"  line throughput, keepalive {control:g} s ...", flush=True)
                 result = run_throughput(cluster, "A", "C", params["events"], ctx)
@@ -1535,7 +1375,7 @@ def main(argv: list[str] | None = None) -> int:
                     line["events_per_second"] / single["events_per_second"], 3
                 )
 
-        def ring_body(cluster: Cluster) -> dict[str, Any]:
+        def ring_body(cluster: BrokerMesh) -> dict[str, Any]:
             mesh = trio.run(
                 wait_mesh,
                 cluster.ports,

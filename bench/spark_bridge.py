@@ -109,35 +109,34 @@ from bench.bridge import (  # noqa: E402
     BATCH_MAX,
     DEAD_LETTER_TOPIC,
     EVENT_SIZE,
-    HOST,
     KAFKA_GROUP_TIMEOUTS,
     PARTITIONS,
     PEER_KEEPALIVE,
     SELECTIVITIES,
     TEMPLATE,
     BridgeProcess,
-    _tail,
     bridge_log,
     event_value,
-    machine_cpu,
     start_bridge,
-    start_broker,
     stop_bridge,
     stream_plan,
     write_broker_config,
 )
 from bench.bridge import machine_info as bridge_machine_info  # noqa: E402
-from bench.common import goal_line, print_ending, write_report  # noqa: E402
-from bench.e2e import (  # noqa: E402
-    BenchError,
+from bench.harness import BenchError  # noqa: E402
+from bench.harness.logs import scan_log  # noqa: E402
+from bench.harness.processes import (  # noqa: E402
+    HOST,
     BrokerProcess,
     broker_stats,
-    cpu_seconds,
-    open_raw,
-    percentile,
-    scan_log,
+    start_broker,
     stop_broker,
+    tail,
+    terminate,
 )
+from bench.harness.procfs import cpu_seconds, machine_cpu  # noqa: E402
+from bench.harness.report import fmt, goal_line, percentile, print_ending, write_report  # noqa: E402
+from bench.harness.wire import RECEIVE_SIZE, open_raw  # noqa: E402
 from bench.kafkaload import produce_confirmed  # noqa: E402
 from bridges.config import SparkSettings  # noqa: E402
 from bridges.spark.session import FAST_JVM  # noqa: E402
@@ -148,7 +147,6 @@ from routing import parse_filter  # noqa: E402
 MASTER = "local[2]"
 SPARK_TRIGGER = 0.0
 EXTRA_FILTERS = 999  # the "-1k" runs: 1 + 999 filters in the route table
-RECEIVE_SIZE = 256 * 1024
 LIVE_LINGER_MS = 1
 SAMPLE_EVERY = 0.25  # seconds between CPU samples
 TS_PLACEHOLDER = 10**15  # 16 digits, as time.time() in microseconds until 2286
@@ -412,14 +410,7 @@ def stop_spark(driver: SparkDriver) -> dict[str, Any]:
     killed = False
     try:
         driver.groups |= {info[1] for info in process_tree(driver.pid).values()}
-        if popen.poll() is None:
-            popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                killed = True
-                popen.kill()
-                popen.wait(10)
+        killed = terminate(popen, STOP_TIMEOUT, 10)
         left = kill_groups(driver.groups)
     finally:
         driver.log_file.close()
@@ -845,7 +836,7 @@ def run_one(
         _clear_run_files(log_dir, slug)
         broker_config = log_dir / f"broker-{slug}.toml"
         write_broker_config(broker_config, PEER_KEEPALIVE, None)
-        broker = start_broker(log_dir / f"broker-{slug}.log", broker_config)
+        broker = start_broker(log_dir / f"broker-{slug}.log", config=broker_config)
         result["broker_pid"] = broker.pid
         config = log_dir / f"bridge-{slug}.toml"
         write_config(config, spec, tansu, topic, broker.port, log_dir, slug, params)
@@ -943,7 +934,7 @@ def run_one(
             stopped = stop_bridge(bridge)
         result["pipeline_stop"] = stopped
         if got["error"] is not None or (stopped or {}).get("exit_status") != 0:
-            result["pipeline_log_tail"] = _tail(pipeline_log)
+            result["pipeline_log_tail"] = tail(pipeline_log)
         result.update(_evaluate(spec, sub, got, stats, expect_backlog, expect_live, params))
         if driver is not None:
             progress = read_progress(log_dir / f"progress-{slug}.log")
@@ -1056,10 +1047,6 @@ def run_problems(run: dict[str, Any], events: int, live: int) -> list[str]:
 # -- report -------------------------------------------------------------------------------------
 
 
-def _fmt(value: Any, spec: str = ",") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def table_lines(report: dict[str, Any]) -> list[str]:
     p = report["parameters"]
     lines = [
@@ -1077,9 +1064,9 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"{name:<14} {run['pipeline']:<8} {run.get('filter_mode') or '-':<6} "
             f"{run['label']:>6} {run['filters']:>7,} "
-            f"{_fmt(t.get('first_batch_seconds'), '.2f'):>11} {run.get('class_cache', '-'):>4} "
-            f"{_fmt(t.get('steady_events_per_second')):>11} "
-            f"{_fmt(lat.get('p50_ms'), '.1f'):>7} {_fmt(lat.get('p99_ms'), '.1f'):>7} "
+            f"{fmt(t.get('first_batch_seconds'), '.2f'):>11} {run.get('class_cache', '-'):>4} "
+            f"{fmt(t.get('steady_events_per_second')):>11} "
+            f"{fmt(lat.get('p50_ms'), '.1f'):>7} {fmt(lat.get('p99_ms'), '.1f'):>7} "
             f"{'yes' if not run.get('problems') else 'NO':>5}"
         )
     lines += ["", "CPU over the steady window, share of one core:"]
@@ -1382,8 +1369,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in table_lines(report):
         print(line)
     for v in report["filter_verdict"]:
-        print(f"filter {v['label']} x{v['filters']:,}: table {_fmt(v['table'])}, regex "
-              f"{_fmt(v['regex'])} events/s: {v['faster'] or '?'} faster")  # fmt: skip
+        print(f"filter {v['label']} x{v['filters']:,}: table {fmt(v['table'])}, regex "
+              f"{fmt(v['regex'])} events/s: {v['faster'] or '?'} faster")  # fmt: skip
     print_ending(report)
     write_report(report, args.json)
     return 0 if ok else 1

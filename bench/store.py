@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import file_system  # noqa: E402
-from bench.common import machine_info as common_machine_info  # noqa: E402
+from bench.harness.report import file_system  # noqa: E402
+from bench.harness.report import machine_info as common_machine_info  # noqa: E402
 from broker.store import Store  # noqa: E402
 
 CONCURRENCY = (1, 10, 100)

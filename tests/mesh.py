@@ -6,37 +6,30 @@
         mesh.kill("r1")
         seconds = await mesh.wait_converged(mesh.expected_reachable(), timeout=10)
 
-Each broker is a subprocess with ``--broker-id ID``, a ``[peering]`` config with short
-timers (keepalive 0.3 s, so a silent link closes after ~1 s), and one ``--peer`` flag per
-edge it dials: for an edge ``(a, b)`` only ``a`` dials. A broker keeps its port across
-``restart``. ``stop``/``cont`` freeze a broker (SIGSTOP/SIGCONT): its sockets stay open but
-nothing answers, so its neighbours only notice by keepalive. Every wait is bounded, and
-a timeout's message carries the tail of each broker's stderr (kept in ``tmp_path``).
+Each broker is a subprocess started by bench/harness/mesh.py (as for bench/peers.py)
+with ``--broker-id ID``, a ``[peering]`` config with short timers (keepalive 0.3 s, so a
+silent link closes after ~1 s), and one ``--peer`` flag per edge it dials: for an edge
+``(a, b)`` only ``a`` dials. A broker keeps its port across ``restart``. ``stop``/``cont``
+freeze a broker (SIGSTOP/SIGCONT): its sockets stay open but nothing answers, so its
+neighbours only notice by keepalive. Every wait is bounded, and a timeout's message
+carries the tail of each broker's log (kept in ``tmp_path``).
 """
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import trio
 
+from bench.harness import BenchError
+from bench.harness.mesh import BrokerMesh, Node, write_config
 from broker.client import BrokerError, ConnectionLost, connect
-from tests.test_cli import TOPIARY, free_port
 from tests.topologies import GRID3, LINE, RING4, STAR5, TOPOLOGIES, Edges, grid
 
-CONFIG = """\
-[peering]
-keepalive = 0.3
-flush = 0.005
-backoff_max = 0.3
-sync_timeout = 5.0
-"""
+PEERING = {"keepalive": 0.3, "flush": 0.005, "backoff_max": 0.3, "sync_timeout": 5.0}
 
 QUERY_TIMEOUT = 2.0  # one stats/routes request to one broker
 
@@ -78,68 +71,42 @@ def reachable_in(routes: dict[str, Any]) -> set[str]:
     return {o for o, entry in routes["origins"].items() if entry["reachable"] and o != me}
 
 
-class Mesh:
+class Mesh(BrokerMesh):
+    """bench/harness/mesh.py's brokers with what a test needs on top: failures as
+    AssertionError with the brokers' logs, which brokers are down, and route queries."""
+
     def __init__(self, ids: list[str], edges: Edges, tmp_path: Path) -> None:
         self.ids = list(ids)
         self.edges = list(edges)
         self.dir = Path(tmp_path)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.ports = {node: free_port() for node in self.ids}
-        self.config = self.dir / "mesh.toml"
-        self.config.write_text(CONFIG)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.stopped: set[str] = set()
+        links = {node: [b for a, b in self.edges if a == node] for node in self.ids}
+        super().__init__("mesh", links, write_config(self.dir / "mesh.toml", PEERING), self.dir)
         self.down: set[str] = set()  # killed and not restarted
 
     # -- processes ------------------------------------------------------------------------
 
-    def address(self, node: str) -> str:
-        return f"127.0.0.1:{self.ports[node]}"
-
-    def args(self, node: str) -> list[str]:
-        peers = [f"--peer={self.address(b)}" for a, b in self.edges if a == node]
-        return [
-            *TOPIARY, "serve", "--port", str(self.ports[node]), "--broker-id", node,
-            "--config", str(self.config), "--log-format", "json", *peers,
-        ]  # fmt: skip
-
     def log_path(self, node: str) -> Path:
         return self.dir / f"{node}.stderr"
 
-    def _spawn(self, node: str) -> None:
-        with open(self.log_path(node), "ab") as log:
-            log.write(f"--- start {time.strftime('%H:%M:%S')} ---\n".encode())
-            log.flush()
-            self.procs[node] = subprocess.Popen(
-                self.args(node), stdout=subprocess.DEVNULL, stderr=log
-            )
-        self.down.discard(node)
-        self.stopped.discard(node)
+    def open_log(self, node: Node) -> tuple[Path, IO[bytes]]:
+        """One log per broker across restarts, each launch marked, so that a failure
+        shows the whole story."""
+        path = self.log_path(node.name)
+        log = open(path, "ab")  # noqa: SIM115 (closed once the child has it)
+        log.write(f"--- start {time.strftime('%H:%M:%S')} ---\n".encode())
+        log.flush()
+        return path, log
 
-    def _wait_listening(self, nodes: list[str], seconds: float = 20.0) -> None:
-        deadline = time.monotonic() + seconds
-        pending = list(nodes)
-        while pending:
-            node = pending[0]
-            proc = self.procs[node]
-            if proc.poll() is not None:
-                raise AssertionError(f"{node} exited with {proc.returncode}\n{self.logs([node])}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.ports[node]), timeout=0.2):
-                    pending.pop(0)
-                    continue
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{node} did not start listening\n{self.logs([node])}")
-            time.sleep(0.02)
+    def launch(self, name: str) -> None:
+        super().launch(name)
+        self.down.discard(name)
 
-    def start(self) -> None:
-        """Start every broker at once and wait until each one listens (not converged yet:
-        ``await ready()`` for that)."""
-        for node in self.ids:
-            self._spawn(node)
-        self._wait_listening(self.ids)
+    def wait_listening(self, names: list[str], timeout: float = 20.0) -> None:
+        try:
+            super().wait_listening(names, timeout)
+        except BenchError as exc:
+            raise AssertionError(f"{exc}\n{self.logs(names)}") from None
 
     async def ready(self, timeout: float = 20.0) -> float:
         """Wait until every broker lists every other one as reachable."""
@@ -147,61 +114,44 @@ class Mesh:
 
     def kill(self, node: str) -> None:
         """SIGKILL: no goodbye; the kernel closes its sockets, so neighbours see EOF."""
-        proc = self.procs[node]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        super().kill(node)
+        self.reap(node)
+        self.nodes[node].stopped = False
         self.down.add(node)
-        self.stopped.discard(node)
 
     def restart(self, node: str) -> None:
         """Start ``node`` again, same port and arguments (a new incarnation)."""
-        if self.procs[node].poll() is None:
+        popen = self.nodes[node].popen
+        if popen is not None and popen.poll() is None:
             self.kill(node)
-        self._spawn(node)
-        self._wait_listening([node])
+        self.launch(node)
+        self.wait_listening([node])
 
     def stop(self, node: str) -> None:
         """SIGSTOP: frozen with its sockets open; links die by keepalive."""
-        self.procs[node].send_signal(signal.SIGSTOP)
-        self.stopped.add(node)
+        self.pause(node)
 
     def cont(self, node: str) -> None:
-        self.procs[node].send_signal(signal.SIGCONT)
-        self.stopped.discard(node)
+        self.resume(node)
 
     def alive(self) -> set[str]:
         """Brokers running and not frozen."""
         return {
-            node
-            for node in self.ids
-            if node not in self.stopped and node not in self.down
-            and self.procs[node].poll() is None
+            name
+            for name, node in self.nodes.items()
+            if not node.stopped and name not in self.down
+            and node.popen is not None and node.popen.poll() is None
         }  # fmt: skip
 
     def check_running(self) -> None:
         """Raise BrokerDied if a broker exited that was not killed on purpose."""
-        for node, proc in self.procs.items():
-            if node not in self.down and proc.poll() is not None:
-                raise BrokerDied(node, proc.returncode, self.log_path(node).read_text("utf-8"))
+        for name, node in self.nodes.items():
+            popen = node.popen
+            if popen is not None and name not in self.down and popen.poll() is not None:
+                raise BrokerDied(name, popen.returncode, self.log_path(name).read_text("utf-8"))
 
     def healthy(self) -> bool:
         return self.alive() == set(self.ids)
-
-    def close(self) -> None:
-        """SIGTERM everyone (after SIGCONT for the frozen), wait, SIGKILL stragglers."""
-        for node, proc in self.procs.items():
-            if proc.poll() is None:
-                if node in self.stopped:
-                    proc.send_signal(signal.SIGCONT)
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        self.stopped.clear()
 
     def __enter__(self) -> Mesh:
         self.start()
@@ -238,7 +188,7 @@ class Mesh:
     # -- asking the brokers ----------------------------------------------------------------
 
     async def _ask(self, node: str, what: str) -> dict[str, Any]:
-        if node in self.stopped or node in self.down:
+        if self.nodes[node].stopped or node in self.down:
             raise AssertionError(f"{node} is not running")
         with trio.fail_after(QUERY_TIMEOUT):
             async with connect(self.address(node)) as client:

@@ -1,8 +1,13 @@
-"""What every benchmark reports: the machine it ran on, and how its report ends."""
+"""What every benchmark reports: the machine it ran on, figures as table cells, how it ends.
+
+One place for the report's shape, so that every benchmark's table, JSON and last lines
+read alike and the smoke tests can check them the same way.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from collections.abc import Callable
@@ -11,6 +16,8 @@ from typing import Any
 
 
 def machine_info(**extra: Any) -> dict[str, Any]:
+    """Python, platform and CPU count, plus ``extra`` (library versions): figures mean
+    little without the machine they came from."""
     return {
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
@@ -65,3 +72,16 @@ def goal_line(goal: str, value: Any, met: bool | None) -> dict[str, Any]:
     """One entry of a report's "goals": PASS, FAIL, or "not measured" when ``met`` is None."""
     status = "not measured" if met is None else ("PASS" if met else "FAIL")
     return {"goal": goal, "value": value, "status": status}
+
+
+def percentile(ordered: list[int], q: float) -> int:
+    """Nearest-rank percentile of a sorted list."""
+    rank = max(1, math.ceil(len(ordered) * q))
+    return ordered[min(len(ordered), rank) - 1]
+
+
+def fmt(value: Any, spec: str = ",") -> str:
+    """A table cell: ``value`` formatted by ``spec``, or "-" when it was not measured."""
+    if value is None:
+        return "-"
+    return format(value, spec)
