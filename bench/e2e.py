@@ -137,6 +137,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.common import machine_info as common_machine_info  # noqa: E402
 from broker.client import BrokerError, connect  # noqa: E402
+from broker.wire.codec import encode_frame  # noqa: E402
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role  # noqa: E402
 from broker.wire.frames import (  # noqa: E402
     PROTOCOL_VERSION,
@@ -150,7 +151,6 @@ from broker.wire.frames import (  # noqa: E402
     Unsub,
     UnsubAck,
     Welcome,
-    encode_frame,
 )
 from routing import NATIVE, SubscriptionTable  # noqa: E402
 

@@ -49,9 +49,9 @@ import trio
 import routing
 from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError, refused_for_good
 from broker.log import get_logger
+from broker.wire.checks import MAX_MSG_ID_BYTES
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
 from broker.wire.frames import (
-    MAX_MSG_ID_BYTES,
     PROTOCOL_VERSION,
     Ack,
     DropSession,

@@ -3,7 +3,8 @@
 ``Connection`` does no I/O (as h11's ``Connection``): the caller reads the socket and passes
 what it got to ``receive_data`` (``b""`` at EOF), then calls ``next_event`` until it returns
 ``NEED_DATA``; to talk, it calls ``send`` and writes the bytes returned. So the whole protocol
-is tested without sockets, and the trio shell (broker/connection.py) stays thin::
+is tested without sockets, and the trio shells (broker/native/connection.py for clients,
+broker/mesh/ for peer links) stay thin::
 
     while True:
         try:
@@ -23,8 +24,9 @@ is tested without sockets, and the trio shell (broker/connection.py) stays thin:
 ``next_events`` returns every event of one read in one call (errors in place, not raised),
 for readers that handle pipelined frames in batches (the broker's).
 
-The rules for which frame may go when are in broker/protocol_states.py; frames and their
-codec in broker/frames.py; the length prefix in broker/framebuffer.py.
+The rules for which frame may go when are in broker/wire/states.py; the frames in
+broker/wire/frames.py, their field checks in broker/wire/checks.py and their codec in
+broker/wire/codec.py; the length prefix in broker/wire/buffer.py.
 """
 
 from __future__ import annotations
@@ -38,17 +40,7 @@ import msgpack
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.wire.buffer import DEFAULT_MAX_FRAME, LENGTH_PREFIX, FrameBuffer
-from broker.wire.frames import (
-    Frame,
-    Fwd,
-    PeerWelcome,
-    Pub,
-    PubAck,
-    Sub,
-    SubAck,
-    Unsub,
-    UnsubAck,
-    Welcome,
+from broker.wire.codec import (
     build_frame,
     decode_frame,
     encode_frame,
@@ -60,6 +52,18 @@ from broker.wire.frames import (
     fast_unsub,
     fast_unsuback,
     unpack_body,
+)
+from broker.wire.frames import (
+    Frame,
+    Fwd,
+    PeerWelcome,
+    Pub,
+    PubAck,
+    Sub,
+    SubAck,
+    Unsub,
+    UnsubAck,
+    Welcome,
 )
 from broker.wire.states import (
     CLOSED,
