@@ -38,12 +38,20 @@ from typing import Any, Final, Literal, NoReturn
 
 import msgpack
 
+from broker.core.message import Message
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.wire.buffer import DEFAULT_MAX_FRAME, LENGTH_PREFIX, FrameBuffer
 from broker.wire.codec import (
+    append_msg,
     build_frame,
     decode_frame,
     encode_frame,
+    encode_fwd,
+    encode_msg,
+    encode_pub,
+    encode_puback,
+    encode_suback,
+    encode_unsuback,
     fast_fwd,
     fast_pub,
     fast_puback,
@@ -56,6 +64,7 @@ from broker.wire.codec import (
 from broker.wire.frames import (
     Frame,
     Fwd,
+    Msg,
     PeerWelcome,
     Pub,
     PubAck,
@@ -76,8 +85,10 @@ from broker.wire.states import (
     State,
     check_readable,
     check_receive,
+    check_send,
     send_transition,
     settle,
+    steady_send_state,
 )
 
 __all__ = [
@@ -103,6 +114,12 @@ _SERVER_FAST: Final[dict[str, Callable[[dict[str, Any]], Frame]]] = {
     Unsub.TYPE: fast_unsub,
 }
 _unpackb: Final = msgpack.unpackb
+#: Per role: the one state in which each hot-path frame may be sent (None: never), so that
+#: the ``send_puback``/``append_msg``/... methods check their state with one compare.
+_HOT_STATES: Final = {
+    role: {cls: steady_send_state(role, cls) for cls in (Msg, PubAck, SubAck, UnsubAck, Pub, Fwd)}
+    for role in Role
+}
 
 
 class NeedData(Enum):
@@ -140,6 +157,13 @@ class Connection:
         self.state: State = INITIAL_STATE[self.role]
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self._buffer = FrameBuffer(max_frame)
+        hot = _HOT_STATES[self.role]
+        self._msg_state = hot[Msg]
+        self._puback_state = hot[PubAck]
+        self._suback_state = hot[SubAck]
+        self._unsuback_state = hot[UnsubAck]
+        self._pub_state = hot[Pub]
+        self._fwd_state = hot[Fwd]
         self._error: RemoteProtocolError | None = None
         # Whole bodies next_events cut but did not decode yet: the first would change the
         # state, and the frames returned before it must be handled in the state they came in.
@@ -347,6 +371,92 @@ class Connection:
             out += body
         self.state = state
         return bytes(out)
+
+    # -- hot-path sends ----------------------------------------------------------------------
+    # The frames a broker or a publisher sends most, packed by the fast encoders in
+    # broker/wire/codec.py: no frame object is built and the fields are not checked again
+    # (they come from frames that passed the checks, or from the client, which checks them).
+    # The state and the peer's frame limit are checked as ``send`` checks them: the state
+    # with one compare against the state the table allows (none of these frames changes it),
+    # the size with one more. Each raises LocalProtocolError as ``send`` does.
+
+    def append_msg(
+        self, parts: list[bytes | memoryview], message: Message, sub: int, seq: int
+    ) -> int:
+        """As ``broker.wire.codec.append_msg`` (append MSG(sub, seq) to ``parts``, return its
+        size): for ``Session.take_batch``. Refused, nothing is appended."""
+        if self.state is not self._msg_state:
+            self._refuse(Msg)
+        start = len(parts)
+        size = append_msg(parts, message, sub, seq)
+        if size - LENGTH_PREFIX > self.peer_max_frame:
+            del parts[start:]
+            self._too_large(Msg, size - LENGTH_PREFIX)
+        return size
+
+    def send_msg(self, message: Message, sub: int, seq: int) -> bytes:
+        """The bytes of MSG(sub, seq) for ``message``."""
+        if self.state is not self._msg_state:
+            self._refuse(Msg)
+        return self._checked(Msg, encode_msg(message, sub, seq))
+
+    def send_puback(self, request_id: int) -> bytes:
+        """The bytes of PUBACK(request_id)."""
+        if self.state is not self._puback_state:
+            self._refuse(PubAck)
+        return self._checked(PubAck, encode_puback(request_id))
+
+    def send_suback(self, request_id: int, sub_id: int) -> bytes:
+        """The bytes of SUBACK(request_id, sub_id)."""
+        if self.state is not self._suback_state:
+            self._refuse(SubAck)
+        return self._checked(SubAck, encode_suback(request_id, sub_id))
+
+    def send_unsuback(self, request_id: int) -> bytes:
+        """The bytes of UNSUBACK(request_id)."""
+        if self.state is not self._unsuback_state:
+            self._refuse(UnsubAck)
+        return self._checked(UnsubAck, encode_unsuback(request_id))
+
+    def send_pub(
+        self,
+        topic: str,
+        payload: bytes,
+        headers: dict[str, str] | None = None,
+        request_id: int | None = None,
+        msg_id: str | None = None,
+    ) -> bytes:
+        """The bytes of a PUB; ``request_id`` asks for PUBACK. The caller checks the fields."""
+        if self.state is not self._pub_state:
+            self._refuse(Pub)
+        return self._checked(Pub, encode_pub(topic, payload, headers, request_id, msg_id))
+
+    def send_fwd(
+        self, message: Message, dedup: bool, dests: tuple[str, ...], hops: int, source: str
+    ) -> bytes:
+        """The bytes of a FWD carrying ``message`` to the brokers ``dests``."""
+        if self.state is not self._fwd_state:
+            self._refuse(Fwd)
+        return self._checked(Fwd, encode_fwd(message, dedup, dests, hops, source))
+
+    def _checked(self, frame_type: type[Frame], data: bytes) -> bytes:
+        """``data`` (length prefix included), if its body fits the peer's limit."""
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(frame_type, len(data) - LENGTH_PREFIX)
+        return data
+
+    def _refuse(self, frame_type: type[Frame]) -> NoReturn:
+        check_send(self.role, self.state, frame_type)  # raises, saying why
+        raise LocalProtocolError(  # allowed, but it would change the state: not a hot path
+            ErrorCode.INTERNAL, f"{frame_type.TYPE} in state {self.state.value}: use send()"
+        )
+
+    def _too_large(self, frame_type: type[Frame], size: int) -> NoReturn:
+        raise LocalProtocolError(
+            ErrorCode.FRAME_TOO_LARGE,
+            f"{frame_type.TYPE} frame of {size} bytes exceeds the peer's limit of "
+            f"{self.peer_max_frame} bytes",
+        )
 
     def send_failed(self) -> None:
         """Call when writing failed or was cancelled halfway: the stream is unusable, and
