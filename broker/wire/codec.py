@@ -38,6 +38,7 @@ import msgpack
 import routing
 from broker.core.message import Message
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from broker.wire.buffer import MAX_LENGTH
 from broker.wire.checks import MAX_BROKER_ID_BYTES, MAX_MSG_ID_BYTES, U64_MAX, type_name
 from broker.wire.frames import (
     FRAME_TYPES,
@@ -69,6 +70,7 @@ __all__ = [
     "fast_suback",
     "fast_unsub",
     "fast_unsuback",
+    "frame_too_large",
     "shared_fields",
     "unpack_body",
 ]
@@ -391,6 +393,14 @@ _SUBACK: Final = _head("SUBACK", 2) + _packb("id")
 _UNSUBACK: Final = _head("UNSUBACK", 1) + _packb("id")
 
 
+def frame_too_large(frame_type: str, size: int, limit: int) -> LocalProtocolError:
+    """The error for a frame whose body of ``size`` bytes is over the receiver's ``limit``."""
+    return LocalProtocolError(
+        ErrorCode.FRAME_TOO_LARGE,
+        f"{frame_type} frame of {size} bytes exceeds the peer's limit of {limit} bytes",
+    )
+
+
 def _framed(body: bytes) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
@@ -432,11 +442,19 @@ def encode_msg(message: Message, sub: int, seq: int) -> bytes:
     return b"".join(parts)
 
 
-def append_msg(parts: list[bytes | memoryview], message: Message, sub: int, seq: int) -> int:
+def append_msg(
+    parts: list[bytes | memoryview],
+    message: Message,
+    sub: int,
+    seq: int,
+    limit: int = MAX_LENGTH,
+) -> int:
     """Append the pieces of MSG(sub, seq) for ``message`` to ``parts``; their total size.
 
     For a writer that joins a whole batch at once: the shared fields (the payload) are
-    copied once, into the batch, instead of into a MSG first and the batch then.
+    copied once, into the batch, instead of into a MSG first and the batch then. A body
+    larger than ``limit`` (``Connection.append_msg`` passes the peer's) is refused before
+    anything is appended, so a batch is never left with half a frame.
     """
     shared = message.encoded
     if shared is None:
@@ -445,6 +463,8 @@ def append_msg(parts: list[bytes | memoryview], message: Message, sub: int, seq:
         fields = message.encoded_fields
     tail = b"".join((_SUB_KEY, _packb(sub), _SEQ_KEY, _packb(seq)))
     size = 1 + len(shared) + len(tail)
+    if size > limit:
+        raise frame_too_large("MSG", size, limit)
     parts.append(size.to_bytes(4, "big") + _MAP_HEADERS[fields + 2])
     parts.append(shared)
     parts.append(tail)

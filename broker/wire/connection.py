@@ -59,6 +59,7 @@ from broker.wire.codec import (
     fast_suback,
     fast_unsub,
     fast_unsuback,
+    frame_too_large,
     unpack_body,
 )
 from broker.wire.frames import (
@@ -362,11 +363,7 @@ class Connection:
             state = send_transition(self.role, state, frame)
             body = encode_frame(frame)
             if len(body) > self.peer_max_frame:
-                raise LocalProtocolError(
-                    ErrorCode.FRAME_TOO_LARGE,
-                    f"{frame.TYPE} frame of {len(body)} bytes exceeds the peer's limit of "
-                    f"{self.peer_max_frame} bytes",
-                )
+                raise frame_too_large(frame.TYPE, len(body), self.peer_max_frame)
             out += len(body).to_bytes(LENGTH_PREFIX, "big")
             out += body
         self.state = state
@@ -384,39 +381,46 @@ class Connection:
         self, parts: list[bytes | memoryview], message: Message, sub: int, seq: int
     ) -> int:
         """As ``broker.wire.codec.append_msg`` (append MSG(sub, seq) to ``parts``, return its
-        size): for ``Session.take_batch``. Refused, nothing is appended."""
+        size): for ``Session.take_batch``. If refused, nothing is appended."""
         if self.state is not self._msg_state:
             self._refuse(Msg)
-        start = len(parts)
-        size = append_msg(parts, message, sub, seq)
-        if size - LENGTH_PREFIX > self.peer_max_frame:
-            del parts[start:]
-            self._too_large(Msg, size - LENGTH_PREFIX)
-        return size
+        return append_msg(parts, message, sub, seq, self.peer_max_frame)
 
     def send_msg(self, message: Message, sub: int, seq: int) -> bytes:
         """The bytes of MSG(sub, seq) for ``message``."""
         if self.state is not self._msg_state:
             self._refuse(Msg)
-        return self._checked(Msg, encode_msg(message, sub, seq))
+        data = encode_msg(message, sub, seq)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(Msg, len(data) - LENGTH_PREFIX)
+        return data
 
     def send_puback(self, request_id: int) -> bytes:
         """The bytes of PUBACK(request_id)."""
         if self.state is not self._puback_state:
             self._refuse(PubAck)
-        return self._checked(PubAck, encode_puback(request_id))
+        data = encode_puback(request_id)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(PubAck, len(data) - LENGTH_PREFIX)
+        return data
 
     def send_suback(self, request_id: int, sub_id: int) -> bytes:
         """The bytes of SUBACK(request_id, sub_id)."""
         if self.state is not self._suback_state:
             self._refuse(SubAck)
-        return self._checked(SubAck, encode_suback(request_id, sub_id))
+        data = encode_suback(request_id, sub_id)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(SubAck, len(data) - LENGTH_PREFIX)
+        return data
 
     def send_unsuback(self, request_id: int) -> bytes:
         """The bytes of UNSUBACK(request_id)."""
         if self.state is not self._unsuback_state:
             self._refuse(UnsubAck)
-        return self._checked(UnsubAck, encode_unsuback(request_id))
+        data = encode_unsuback(request_id)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(UnsubAck, len(data) - LENGTH_PREFIX)
+        return data
 
     def send_pub(
         self,
@@ -429,7 +433,10 @@ class Connection:
         """The bytes of a PUB; ``request_id`` asks for PUBACK. The caller checks the fields."""
         if self.state is not self._pub_state:
             self._refuse(Pub)
-        return self._checked(Pub, encode_pub(topic, payload, headers, request_id, msg_id))
+        data = encode_pub(topic, payload, headers, request_id, msg_id)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(Pub, len(data) - LENGTH_PREFIX)
+        return data
 
     def send_fwd(
         self, message: Message, dedup: bool, dests: tuple[str, ...], hops: int, source: str
@@ -437,12 +444,9 @@ class Connection:
         """The bytes of a FWD carrying ``message`` to the brokers ``dests``."""
         if self.state is not self._fwd_state:
             self._refuse(Fwd)
-        return self._checked(Fwd, encode_fwd(message, dedup, dests, hops, source))
-
-    def _checked(self, frame_type: type[Frame], data: bytes) -> bytes:
-        """``data`` (length prefix included), if its body fits the peer's limit."""
+        data = encode_fwd(message, dedup, dests, hops, source)
         if len(data) - LENGTH_PREFIX > self.peer_max_frame:
-            self._too_large(frame_type, len(data) - LENGTH_PREFIX)
+            self._too_large(Fwd, len(data) - LENGTH_PREFIX)
         return data
 
     def _refuse(self, frame_type: type[Frame]) -> NoReturn:
@@ -452,11 +456,7 @@ class Connection:
         )
 
     def _too_large(self, frame_type: type[Frame], size: int) -> NoReturn:
-        raise LocalProtocolError(
-            ErrorCode.FRAME_TOO_LARGE,
-            f"{frame_type.TYPE} frame of {size} bytes exceeds the peer's limit of "
-            f"{self.peer_max_frame} bytes",
-        )
+        raise frame_too_large(frame_type.TYPE, size, self.peer_max_frame)
 
     def send_failed(self) -> None:
         """Call when writing failed or was cancelled halfway: the stream is unusable, and
