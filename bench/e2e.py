@@ -143,7 +143,9 @@ from bench.harness.report import machine_info as common_machine_info  # noqa: E4
 from bench.harness.wire import KEEPALIVE, RECEIVE_SIZE, frame_bytes, open_raw, pipelined  # noqa: E402
 from bench.harness.workers import Worker  # noqa: E402
 from broker.client import BrokerError, connect  # noqa: E402
-from broker.wire.connection import Connection  # noqa: E402
+from broker.wire.connection import (  # noqa: E402
+    Connection,
+)
 from broker.wire.frames import (  # noqa: E402
     PROTOCOL_VERSION,
     Ack,

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from broker.errors import ErrorCode
 from broker.wire.buffer import add_length_prefix
+from broker.wire.checks import U64_MAX
+from broker.wire.codec import encode_frame
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
 from broker.wire.frames import (
     PROTOCOL_VERSION,
-    U64_MAX,
     Ack,
     DropSession,
     Error,
@@ -33,7 +34,6 @@ from broker.wire.frames import (
     Unsub,
     UnsubAck,
     Welcome,
-    encode_frame,
 )
 
 #: Appended by the "trailing" chunking: a length prefix and part of a body that never ends,

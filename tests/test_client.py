@@ -155,8 +155,8 @@ def test_a_read_of_pubacks_resolves_their_waiters_and_leaves_the_rest() -> None:
     it stops at the first other frame (or partial frame) and returns the rest untouched."""
     from broker.client import Client
     from broker.client.waiters import Waiter as _Waiter
-    from broker.wire.codec import encode_puback
-    from broker.wire.frames import Pong, encode_frame
+    from broker.wire.codec import encode_frame, encode_puback
+    from broker.wire.frames import Pong
 
     client = Client(
         "127.0.0.1:1", client_id=None, credentials=None, keepalive=30, reconnect=False,

@@ -14,12 +14,20 @@ from hypothesis import strategies as st
 import broker.wire.frames as frames_module
 from broker.errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from broker.wire.buffer import FrameBuffer
+from broker.wire.checks import MAX_MSG_ID_BYTES, U64_MAX
+from broker.wire.codec import (
+    build_frame,
+    decode_frame,
+    encode_frame,
+    fast_puback,
+    fast_suback,
+    fast_unsub,
+    fast_unsuback,
+)
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
 from broker.wire.frames import (
     FRAME_TYPES,
-    MAX_MSG_ID_BYTES,
     PROTOCOL_VERSION,
-    U64_MAX,
     Ack,
     DropSession,
     Error,
@@ -42,8 +50,6 @@ from broker.wire.frames import (
     Sub,
     Unsub,
     Welcome,
-    decode_frame,
-    encode_frame,
 )
 from tests.helpers import (
     ANY_FRAME,
@@ -562,10 +568,10 @@ def test_any_valid_frame_round_trips_for_any_split_of_its_bytes(
 
 
 FAST_PATHS = {
-    "PUBACK": frames_module.fast_puback,
-    "SUBACK": frames_module.fast_suback,
-    "UNSUB": frames_module.fast_unsub,
-    "UNSUBACK": frames_module.fast_unsuback,
+    "PUBACK": fast_puback,
+    "SUBACK": fast_suback,
+    "UNSUB": fast_unsub,
+    "UNSUBACK": fast_unsuback,
 }
 
 
@@ -581,7 +587,7 @@ def test_the_fast_paths_of_id_only_frames_agree_with_the_full_decoder(
 ) -> None:
     wire = {**wire, "type": wire_type}
     try:
-        expected: Any = frames_module.build_frame(FRAME_TYPES[wire_type], wire)
+        expected: Any = build_frame(FRAME_TYPES[wire_type], wire)
     except RemoteProtocolError as exc:
         expected = (exc.code, str(exc))
     try:

@@ -4,8 +4,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.core.message import Message
-from broker.wire.codec import encode_msg, shared_fields
-from broker.wire.frames import Msg, decode_frame, encode_frame
+from broker.wire.codec import decode_frame, encode_frame, encode_msg, shared_fields
+from broker.wire.frames import Msg
 
 headers = st.none() | st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3)
 

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 import routing
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from broker.wire.checks import MAX_BROKER_ID_BYTES, U64_MAX, valid_broker_id
+from broker.wire.codec import build_frame, decode_frame, encode_frame, fast_fwd
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
 from broker.wire.frames import (
-    MAX_BROKER_ID_BYTES,
     PROTOCOL_VERSION,
-    U64_MAX,
     Error,
     Frame,
     Fwd,
@@ -33,11 +33,6 @@ from broker.wire.frames import (
     Routes,
     RoutesReply,
     Sub,
-    build_frame,
-    decode_frame,
-    encode_frame,
-    fast_fwd,
-    valid_broker_id,
 )
 from tests.helpers import (
     DEFAULT_HELLO,

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, render_error_table
+from broker.wire.codec import decode_frame, encode_frame
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role, State
 from broker.wire.frames import (
     FRAME_TYPES,
@@ -35,8 +36,6 @@ from broker.wire.frames import (
     SubAck,
     Unsub,
     UnsubAck,
-    decode_frame,
-    encode_frame,
 )
 from broker.wire.states import RECEIVE, SEND, render_state_table
 from tests.helpers import (

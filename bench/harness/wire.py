@@ -13,8 +13,9 @@ import trio
 
 from bench.harness import BenchError
 from bench.harness.processes import HOST
+from broker.wire.codec import encode_frame
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
-from broker.wire.frames import PROTOCOL_VERSION, Error, Frame, Hello, Welcome, encode_frame
+from broker.wire.frames import PROTOCOL_VERSION, Error, Frame, Hello, Welcome
 
 RECEIVE_SIZE = 256 * 1024
 KEEPALIVE = 600.0  # seconds; bench clients only read, so ask the broker not to expect PINGs

@@ -55,9 +55,9 @@ from broker.client.waiters import Batch, BatchPart, Pending, Waiter
 from broker.errors import RemoteProtocolError, refused_for_good
 from broker.log import get_logger
 from broker.net import RECEIVE_SIZE, Backoff, receive_frame
+from broker.wire.checks import MAX_MSG_ID_BYTES
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
 from broker.wire.frames import (
-    MAX_MSG_ID_BYTES,
     PROTOCOL_VERSION,
     Ack,
     DropSession,

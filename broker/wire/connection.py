@@ -3,7 +3,8 @@
 ``Connection`` does no I/O (as h11's ``Connection``): the caller reads the socket and passes
 what it got to ``receive_data`` (``b""`` at EOF), then calls ``next_event`` until it returns
 ``NEED_DATA``; to talk, it calls ``send`` and writes the bytes returned. So the whole protocol
-is tested without sockets, and the trio shell (broker/connection.py) stays thin::
+is tested without sockets, and the trio shells (broker/native/connection.py for clients,
+broker/mesh/ for peer links) stay thin::
 
     while True:
         try:
@@ -23,8 +24,9 @@ is tested without sockets, and the trio shell (broker/connection.py) stays thin:
 ``next_events`` returns every event of one read in one call (errors in place, not raised),
 for readers that handle pipelined frames in batches (the broker's).
 
-The rules for which frame may go when are in broker/protocol_states.py; frames and their
-codec in broker/frames.py; the length prefix in broker/framebuffer.py.
+The rules for which frame may go when are in broker/wire/states.py; the frames in
+broker/wire/frames.py, their field checks in broker/wire/checks.py and their codec in
+broker/wire/codec.py; the length prefix in broker/wire/buffer.py.
 """
 
 from __future__ import annotations
@@ -36,11 +38,34 @@ from typing import Any, Final, Literal, NoReturn
 
 import msgpack
 
+from broker.core.message import Message
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.wire.buffer import DEFAULT_MAX_FRAME, LENGTH_PREFIX, FrameBuffer
+from broker.wire.codec import (
+    append_msg,
+    build_frame,
+    decode_frame,
+    encode_frame,
+    encode_fwd,
+    encode_msg,
+    encode_pub,
+    encode_puback,
+    encode_suback,
+    encode_unsuback,
+    fast_fwd,
+    fast_pub,
+    fast_puback,
+    fast_sub,
+    fast_suback,
+    fast_unsub,
+    fast_unsuback,
+    frame_too_large,
+    unpack_body,
+)
 from broker.wire.frames import (
     Frame,
     Fwd,
+    Msg,
     PeerWelcome,
     Pub,
     PubAck,
@@ -49,17 +74,6 @@ from broker.wire.frames import (
     Unsub,
     UnsubAck,
     Welcome,
-    build_frame,
-    decode_frame,
-    encode_frame,
-    fast_fwd,
-    fast_pub,
-    fast_puback,
-    fast_sub,
-    fast_suback,
-    fast_unsub,
-    fast_unsuback,
-    unpack_body,
 )
 from broker.wire.states import (
     CLOSED,
@@ -72,8 +86,10 @@ from broker.wire.states import (
     State,
     check_readable,
     check_receive,
+    check_send,
     send_transition,
     settle,
+    steady_send_state,
 )
 
 __all__ = [
@@ -99,6 +115,12 @@ _SERVER_FAST: Final[dict[str, Callable[[dict[str, Any]], Frame]]] = {
     Unsub.TYPE: fast_unsub,
 }
 _unpackb: Final = msgpack.unpackb
+#: Per role: the one state in which each hot-path frame may be sent (None: never), so that
+#: the ``send_puback``/``append_msg``/... methods check their state with one compare.
+_HOT_STATES: Final = {
+    role: {cls: steady_send_state(role, cls) for cls in (Msg, PubAck, SubAck, UnsubAck, Pub, Fwd)}
+    for role in Role
+}
 
 
 class NeedData(Enum):
@@ -136,6 +158,13 @@ class Connection:
         self.state: State = INITIAL_STATE[self.role]
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self._buffer = FrameBuffer(max_frame)
+        hot = _HOT_STATES[self.role]
+        self._msg_state = hot[Msg]
+        self._puback_state = hot[PubAck]
+        self._suback_state = hot[SubAck]
+        self._unsuback_state = hot[UnsubAck]
+        self._pub_state = hot[Pub]
+        self._fwd_state = hot[Fwd]
         self._error: RemoteProtocolError | None = None
         # Whole bodies next_events cut but did not decode yet: the first would change the
         # state, and the frames returned before it must be handled in the state they came in.
@@ -334,15 +363,100 @@ class Connection:
             state = send_transition(self.role, state, frame)
             body = encode_frame(frame)
             if len(body) > self.peer_max_frame:
-                raise LocalProtocolError(
-                    ErrorCode.FRAME_TOO_LARGE,
-                    f"{frame.TYPE} frame of {len(body)} bytes exceeds the peer's limit of "
-                    f"{self.peer_max_frame} bytes",
-                )
+                raise frame_too_large(frame.TYPE, len(body), self.peer_max_frame)
             out += len(body).to_bytes(LENGTH_PREFIX, "big")
             out += body
         self.state = state
         return bytes(out)
+
+    # -- hot-path sends ----------------------------------------------------------------------
+    # The frames a broker or a publisher sends most, packed by the fast encoders in
+    # broker/wire/codec.py: no frame object is built and the fields are not checked again
+    # (they come from frames that passed the checks, or from the client, which checks them).
+    # The state and the peer's frame limit are checked as ``send`` checks them: the state
+    # with one compare against the state the table allows (none of these frames changes it),
+    # the size with one more. Each raises LocalProtocolError as ``send`` does.
+
+    def append_msg(
+        self, parts: list[bytes | memoryview], message: Message, sub: int, seq: int
+    ) -> int:
+        """As ``broker.wire.codec.append_msg`` (append MSG(sub, seq) to ``parts``, return its
+        size): for ``Session.take_batch``. If refused, nothing is appended."""
+        if self.state is not self._msg_state:
+            self._refuse(Msg)
+        return append_msg(parts, message, sub, seq, self.peer_max_frame)
+
+    def send_msg(self, message: Message, sub: int, seq: int) -> bytes:
+        """The bytes of MSG(sub, seq) for ``message``."""
+        if self.state is not self._msg_state:
+            self._refuse(Msg)
+        data = encode_msg(message, sub, seq)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(Msg, len(data) - LENGTH_PREFIX)
+        return data
+
+    def send_puback(self, request_id: int) -> bytes:
+        """The bytes of PUBACK(request_id)."""
+        if self.state is not self._puback_state:
+            self._refuse(PubAck)
+        data = encode_puback(request_id)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(PubAck, len(data) - LENGTH_PREFIX)
+        return data
+
+    def send_suback(self, request_id: int, sub_id: int) -> bytes:
+        """The bytes of SUBACK(request_id, sub_id)."""
+        if self.state is not self._suback_state:
+            self._refuse(SubAck)
+        data = encode_suback(request_id, sub_id)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(SubAck, len(data) - LENGTH_PREFIX)
+        return data
+
+    def send_unsuback(self, request_id: int) -> bytes:
+        """The bytes of UNSUBACK(request_id)."""
+        if self.state is not self._unsuback_state:
+            self._refuse(UnsubAck)
+        data = encode_unsuback(request_id)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(UnsubAck, len(data) - LENGTH_PREFIX)
+        return data
+
+    def send_pub(
+        self,
+        topic: str,
+        payload: bytes,
+        headers: dict[str, str] | None = None,
+        request_id: int | None = None,
+        msg_id: str | None = None,
+    ) -> bytes:
+        """The bytes of a PUB; ``request_id`` asks for PUBACK. The caller checks the fields."""
+        if self.state is not self._pub_state:
+            self._refuse(Pub)
+        data = encode_pub(topic, payload, headers, request_id, msg_id)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(Pub, len(data) - LENGTH_PREFIX)
+        return data
+
+    def send_fwd(
+        self, message: Message, dedup: bool, dests: tuple[str, ...], hops: int, source: str
+    ) -> bytes:
+        """The bytes of a FWD carrying ``message`` to the brokers ``dests``."""
+        if self.state is not self._fwd_state:
+            self._refuse(Fwd)
+        data = encode_fwd(message, dedup, dests, hops, source)
+        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
+            self._too_large(Fwd, len(data) - LENGTH_PREFIX)
+        return data
+
+    def _refuse(self, frame_type: type[Frame]) -> NoReturn:
+        check_send(self.role, self.state, frame_type)  # raises, saying why
+        raise LocalProtocolError(  # allowed, but it would change the state: not a hot path
+            ErrorCode.INTERNAL, f"{frame_type.TYPE} in state {self.state.value}: use send()"
+        )
+
+    def _too_large(self, frame_type: type[Frame], size: int) -> NoReturn:
+        raise frame_too_large(frame_type.TYPE, size, self.peer_max_frame)
 
     def send_failed(self) -> None:
         """Call when writing failed or was cancelled halfway: the stream is unusable, and

@@ -92,9 +92,11 @@ __all__ = [
     "State",
     "check_readable",
     "check_receive",
+    "check_send",
     "render_state_table",
     "send_transition",
     "settle",
+    "steady_send_state",
 ]
 
 
@@ -203,11 +205,35 @@ def send_transition(role: Role, state: State, frame: Frame) -> State:
     """The state after ``role`` sends ``frame`` in ``state``; LocalProtocolError if it may not."""
     next_state = SEND.get((role, state), {}).get(type(frame))
     if next_state is None:
-        name = getattr(type(frame), "TYPE", type(frame).__name__)
+        next_state = check_send(role, state, type(frame))  # raises, saying why
+    return settle(frame, next_state)
+
+
+def check_send(role: Role, state: State, frame_type: type[Frame]) -> State:
+    """The state after ``role`` sends a ``frame_type`` in ``state``, before ``settle``;
+    LocalProtocolError if it may not."""
+    next_state = SEND.get((role, state), {}).get(frame_type)
+    if next_state is None:
+        name = getattr(frame_type, "TYPE", frame_type.__name__)
         raise LocalProtocolError(
             ErrorCode.INTERNAL, f"a {role.value} may not send {name} in state {state.value}"
         )
-    return settle(frame, next_state)
+    return next_state
+
+
+def steady_send_state(role: Role, frame_type: type[Frame]) -> State | None:
+    """The one state in which ``role`` may send ``frame_type`` and stay in it (None: none).
+
+    ``Connection``'s hot-path sends (MSG, PUBACK, FWD, ...) check their state with one
+    compare against this instead of a table lookup per frame. A frame type with more than
+    one such state has no single answer, so that is a ValueError: teach those sends first.
+    """
+    states = [
+        state for (r, state), row in SEND.items() if r is role and row.get(frame_type) is state
+    ]
+    if len(states) > 1:
+        raise ValueError(f"a {role.value} may send {frame_type.TYPE} in several states: {states}")
+    return states[0] if states else None
 
 
 def check_readable(role: Role, state: State) -> None:
