@@ -14,7 +14,6 @@ and reads inline. Shutdown closes every link with ERROR SHUTTING_DOWN and cancel
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Any
 
@@ -26,9 +25,11 @@ from broker.core import Broker, DurableWork, QuotaExceeded
 from broker.core.message import Message
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
-from broker.mesh.link import RECEIVE_SIZE, PeerCounters, PeerLink
+from broker.mesh.handshake import dial_handshake
+from broker.mesh.link import PeerCounters, PeerLink
+from broker.net import Backoff, send_error
 from broker.wire.codec import encode_fwd
-from broker.wire.connection import NEED_DATA, Connection, Role
+from broker.wire.connection import Connection, Role
 from broker.wire.frames import (
     PROTOCOL_VERSION,
     Error,
@@ -50,7 +51,6 @@ from routing.linkstate import Update
 log = get_logger("topiary.peering")
 
 BACKOFF_MIN = 0.1
-HANDSHAKE_TIMEOUT = 10.0
 
 
 class Peering:
@@ -335,7 +335,7 @@ class Peering:
         if problem is not None:
             self.counters.links_refused += 1
             log.warning("peer refused", peer=hello.broker_id, code=str(problem.code))
-            await _send_error(stream, proto, problem)
+            await send_error(stream, proto, problem)
             return
         # The digest in our welcome must already cover every local filter: an observer (the
         # Kafka bridge) takes "caught up with the digest" to mean "knows what we want".
@@ -367,7 +367,7 @@ class Peering:
         parsed = parse_host_port(address)
         assert parsed is not None  # checked with the config
         host, port = parsed
-        backoff = BACKOFF_MIN
+        backoff = Backoff(BACKOFF_MIN, self.config.peer_backoff_max)
         while True:
             known = self._dialled.get(address)
             while known is not None and known in self.links:
@@ -385,9 +385,8 @@ class Peering:
                 finally:
                     await trio.aclose_forcefully(stream)
             if opened:
-                backoff = BACKOFF_MIN
-            await trio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, self.config.peer_backoff_max)
+                backoff.reset()
+            await backoff.wait()
 
     async def _dial(self, stream: trio.abc.Stream, address: str) -> bool:
         """Handshake as the dialler and serve the link; True if the link opened."""
@@ -401,25 +400,16 @@ class Peering:
             digest={o: list(v) for o, v in self.table.digest().items()},
             keepalive=self.config.peer_keepalive,
         )
-        await stream.send_all(proto.send(hello))
-        frame = None
-        with trio.move_on_after(HANDSHAKE_TIMEOUT):
-            while True:
-                event = proto.next_event()
-                if event is NEED_DATA:
-                    proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
-                    continue
-                frame = event
-                break
+        frame = await dial_handshake(stream, proto, hello)
         if isinstance(frame, Error):
             log.error("peer refused us", address=address, code=frame.code, text=frame.text)
             return False
-        if not isinstance(frame, PeerWelcome):
+        if frame is None:
             return False
         self._dialled[address] = frame.broker_id
         if frame.broker_id == self.self_id:
             log.error("peer has our own id", address=address, broker_id=frame.broker_id)
-            await _send_error(
+            await send_error(
                 stream,
                 proto,
                 RemoteProtocolError(ErrorCode.BROKER_ID_CLASH, "you have my broker id"),
@@ -435,7 +425,7 @@ class Peering:
     async def _serve_link(self, link: PeerLink) -> None:
         """Register a link whose handshake is done and serve it, or refuse a duplicate."""
         if not self._register(link):
-            await _send_error(
+            await send_error(
                 link.stream,
                 link.proto,
                 RemoteProtocolError(ErrorCode.DUPLICATE_LINK, "a link between us already exists"),
@@ -462,21 +452,6 @@ class Peering:
         counters["reachable"] = len(self.table.reachable())
         counters["remote_filters"] = len(self.table.remote)
         return counters
-
-
-async def _send_error(
-    stream: trio.abc.Stream, proto: Connection, problem: RemoteProtocolError
-) -> None:
-    try:
-        await stream.send_all(proto.send(Error.from_exception(problem)))
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        return
-    with trio.move_on_after(0.5):  # linger so the ERROR is not lost to a reset
-        try:
-            while await stream.receive_some(RECEIVE_SIZE):
-                pass
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
 
 
 def _to_frame(message: Any) -> Frame:
