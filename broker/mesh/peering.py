@@ -10,11 +10,15 @@ configured peer; each dialled ``PeerLink`` runs inside its dial loop. A link dia
 arrives as an ordinary connection and runs inside that connection's task (the server's
 connection nursery). Every link has a writer and a keepalive task in a nursery of its own,
 and reads inline. Shutdown closes every link with ERROR SHUTTING_DOWN and cancels the nursery.
+
+The dialler's handshake (handshake.py) and the link itself (link.py) are shared with the
+Kafka bridge's route watcher; what a frame means to a broker is decided here, in ``handle``.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -26,7 +30,7 @@ from broker.core.message import Message
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.mesh.handshake import dial_handshake
-from broker.mesh.link import PeerCounters, PeerLink
+from broker.mesh.link import Keepalive, PeerLink
 from broker.net import Backoff, send_error
 from broker.wire.codec import encode_fwd
 from broker.wire.connection import Connection, Role
@@ -51,6 +55,24 @@ from routing.linkstate import Update
 log = get_logger("topiary.peering")
 
 BACKOFF_MIN = 0.1
+
+
+@dataclass(slots=True)
+class PeerCounters:
+    """What the mesh did with events and links, as ``stats`` and ``topiary routes`` show it."""
+
+    fwd_out: int = 0  # FWD frames sent (one per event per next hop)
+    fwd_in: int = 0
+    delivered_from_peers: int = 0  # events a FWD brought for local subscribers
+    unreachable_dropped: int = 0  # (event, destination) pairs with no path
+    link_dropped: int = 0  # FWD copies lost: link down or its queue full
+    hop_limit_dropped: int = 0
+    duplicates_dropped: int = 0
+    quota_rejected: int = 0
+    links_opened: int = 0
+    links_refused: int = 0
+    sync_waits: int = 0
+    sync_timeouts: int = 0
 
 
 class Peering:
@@ -343,8 +365,8 @@ class Peering:
         if self.exchange.dirty:
             self.flush_now()
         await stream.send_all(proto.send(self._welcome()))
-        link = PeerLink(
-            self, stream, proto, hello.broker_id, hello.role, hello.incarnation,
+        link = self._link(
+            stream, proto, hello.broker_id, hello.role, hello.incarnation,
             dialled_by=hello.broker_id, address=address, digest=hello.digest,
         )  # fmt: skip
         await self._serve_link(link)
@@ -415,12 +437,33 @@ class Peering:
                 RemoteProtocolError(ErrorCode.BROKER_ID_CLASH, "you have my broker id"),
             )
             return False
-        link = PeerLink(
-            self, stream, proto, frame.broker_id, BROKER, frame.incarnation,
+        link = self._link(
+            stream, proto, frame.broker_id, BROKER, frame.incarnation,
             dialled_by=self.self_id, address=address, digest=frame.digest,
         )  # fmt: skip
         await self._serve_link(link)
         return True
+
+    def _link(
+        self,
+        stream: trio.abc.Stream,
+        proto: Connection,
+        peer_id: str,
+        role: str,
+        incarnation: int,
+        *,
+        dialled_by: str,
+        address: str,
+        digest: dict[str, list[int]],
+    ) -> PeerLink:
+        """A link paced and bounded by this broker's config."""
+        config = self.config
+        return PeerLink(
+            self, stream, proto, peer_id, role, incarnation,
+            dialled_by=dialled_by, address=address, digest=digest,
+            keepalive=Keepalive.for_interval(config.peer_keepalive),
+            max_events=config.peer_queue_messages, max_event_bytes=config.peer_queue_bytes,
+        )  # fmt: skip
 
     async def _serve_link(self, link: PeerLink) -> None:
         """Register a link whose handshake is done and serve it, or refuse a duplicate."""
@@ -431,7 +474,10 @@ class Peering:
                 RemoteProtocolError(ErrorCode.DUPLICATE_LINK, "a link between us already exists"),
             )
             return
-        await link.run()
+        try:
+            await link.run()
+        finally:
+            self.counters.link_dropped += link.unsent_events  # queued, never sent
 
     # -- operators ---------------------------------------------------------------------------
 
@@ -479,4 +525,4 @@ def _to_frame(message: Any) -> Frame:
     raise AssertionError(message)
 
 
-__all__ = ["PeerLink", "Peering"]
+__all__ = ["PeerCounters", "Peering"]
