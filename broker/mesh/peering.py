@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 import routing
-from broker.config import parse_host_port
+from broker.address import parse_host_port
 from broker.core import Broker, DurableWork, QuotaExceeded
 from broker.core.message import Message
 from broker.errors import ErrorCode, RemoteProtocolError
