@@ -74,7 +74,8 @@ class PeerLink:
     the stream. Route state and control frames are never dropped (they are bounded by the
     size of the state); events are dropped and counted once the queue is past its bounds, so
     a slow peer cannot hold a broker's memory. On a protocol error, silence or ``close``,
-    the link flushes what is queued, says ERROR, and ``run`` returns."""
+    the link flushes what is queued and says ERROR (unless the far end hung up or said its
+    own closing ERROR first), and ``run`` returns."""
 
     def __init__(
         self,

@@ -79,7 +79,9 @@ class Peering:
     """A broker's place in the mesh: its links, the route exchange, event forwarding.
 
     The router sees it as its ``Mesh``; ``broker.server`` creates it for every served
-    broker and attaches it (``broker.peering``)."""
+    broker and attaches it (``broker.peering``). Links it dialled and links dialled to it
+    are kept in one registry, so that both ends of a pair keep the same one of two links
+    and the exchange sees each neighbour once."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
