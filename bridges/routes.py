@@ -11,11 +11,14 @@ Each connection builds a fresh table and swaps it in only once it has caught up 
 digest in the broker's PEER_WELCOME (which covers every filter the broker had when it
 answered). Until the first table is complete ``ready`` is unset and the bridge publishes
 nothing; while a later connection catches up, the previous table keeps answering.
+
+The link itself is the broker's own: opened with the mesh's dial handshake and served by a
+``PeerLink`` (broker/mesh/link.py) whose owner is the watcher, so PINGs, PONGs and a
+closing ERROR go out through the link's one writer, as between brokers.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,29 +26,27 @@ from typing import Any
 import trio
 
 from broker.address import parse_host_port
-from broker.errors import ErrorCode, RemoteProtocolError
+from broker.errors import ErrorCode, RemoteProtocolError, refused_for_good
 from broker.log import get_logger
-from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
+from broker.mesh import Keepalive, PeerLink, dial_handshake
+from broker.net import Backoff
+from broker.wire.connection import Connection, Role
 from broker.wire.frames import (
     PROTOCOL_VERSION,
     Error,
+    Frame,
     PeerHello,
-    PeerWelcome,
     Ping,
     Pong,
     Route,
     RouteRequest,
 )
-from routing.exchange import OBSERVER
+from routing.exchange import BROKER, OBSERVER
 from routing.linkstate import Outcome, RouteTable, Update
 
 log = get_logger("topiary.bridge.routes")
 
-RECEIVE_SIZE = 256 * 1024
-HANDSHAKE_TIMEOUT = 10.0
 BACKOFF_MIN = 0.1
-#: Refusals that will not go away by trying again soon: back off to the maximum at once.
-_LASTING_REFUSALS = {ErrorCode.AUTH_FAILED, ErrorCode.VERSION_MISMATCH, ErrorCode.BROKER_ID_CLASH}
 
 
 @dataclass(slots=True)
@@ -58,6 +59,11 @@ class RouteCounters:
 
 
 class RouteWatcher:
+    """The bridge's read-only peer of one broker, answering ``wants(topic)``.
+
+    It is the ``LinkOwner`` of its link: ``handle`` applies the broker's ROUTEs to the table
+    this connection fills and answers PINGs; the dial loop in ``run`` reconnects."""
+
     def __init__(
         self,
         server: str,
@@ -80,6 +86,10 @@ class RouteWatcher:
         self.ready = trio.Event()
         self.connected = False
         self.counters = RouteCounters()
+        # The table the current connection fills (the installed one once it caught up with
+        # ``_target``, the digest of the broker's PEER_WELCOME).
+        self._link_table: RouteTable | None = None
+        self._target: dict[str, tuple[int, int]] = {}
 
     # -- the question the bridge asks -------------------------------------------------------
 
@@ -112,7 +122,7 @@ class RouteWatcher:
         """Stay attached to the broker for as long as this runs, redialling with backoff."""
         task_status.started()
         host, port = self.address
-        backoff = BACKOFF_MIN
+        backoff = Backoff(BACKOFF_MIN, self.backoff_max)
         while True:
             opened = False
             try:
@@ -132,11 +142,10 @@ class RouteWatcher:
                     self.connected = False
                     await trio.aclose_forcefully(stream)
             if opened:
-                backoff = BACKOFF_MIN
-            await trio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, self.backoff_max)
+                backoff.reset()
+            await backoff.wait()
 
-    async def _session(self, stream: trio.SocketStream) -> bool:
+    async def _session(self, stream: trio.abc.Stream) -> bool:
         """Handshake and follow the broker's routes until the link ends; True if it opened."""
         proto = Connection(Role.PEER)
         hello = PeerHello(
@@ -148,49 +157,55 @@ class RouteWatcher:
             digest={},
             keepalive=self.keepalive,
         )
-        send = _Sender(stream, proto)
-        await send(hello)
-        welcome = None
-        with trio.move_on_after(HANDSHAKE_TIMEOUT):
-            welcome = await _next_frame(stream, proto)
+        welcome = await dial_handshake(stream, proto, hello)
         if isinstance(welcome, Error):
             self.counters.refused += 1
             log.error("broker refused the route link", code=welcome.code, text=welcome.text)
-            if welcome.code in _LASTING_REFUSALS:
+            # Back off to the maximum at once when calling again soon will not help: besides
+            # the refusals every client gives up on, BROKER_ID_CLASH, since the process that
+            # holds our observer id (another bridge, or the broker itself) will still hold it.
+            if refused_for_good(welcome.code) or welcome.code == ErrorCode.BROKER_ID_CLASH:
                 await trio.sleep(self.backoff_max)
             return False
-        if not isinstance(welcome, PeerWelcome):
+        if welcome is None:
             return False
         self.connected = True
         self.counters.links_opened += 1
         log.info("route link up", broker=welcome.broker_id, origins=len(welcome.digest))
+        host, port = self.address
+        link = PeerLink(
+            self, stream, proto, welcome.broker_id, BROKER, welcome.incarnation,
+            dialled_by=self.observer_id, address=f"{host}:{port}", digest=welcome.digest,
+            keepalive=_observer_keepalive(self.keepalive, welcome.keepalive),
+        )  # fmt: skip
         table = RouteTable(self.observer_id, self.incarnation, root=welcome.broker_id)
-        target = {origin: (int(v[0]), int(v[1])) for origin, v in welcome.digest.items()}
-        if _caught_up(table, target):
+        self._link_table = table
+        self._target = link.digest
+        if _caught_up(table, self._target):
             self._install(table)
-        state = _LinkState(self.keepalive, welcome.keepalive)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._keepalive, send, state, nursery.cancel_scope)
-            while True:
-                frame = await _next_frame(stream, proto)
-                state.last_heard = trio.current_time()
-                if frame is None:
-                    break
-                if isinstance(frame, Route):
-                    await self._apply(send, table, frame)
-                    if self.table is not table and _caught_up(table, target):
-                        self._install(table)
-                elif isinstance(frame, Ping):
-                    await send(Pong(id=frame.id))
-                elif isinstance(frame, Error):
-                    log.info("broker said", code=frame.code, text=frame.text)
-                    if frame.closes_connection:
-                        break
-                # PONG, ROUTE_ACK: hearing them is what keeps the link alive
-            nursery.cancel_scope.cancel()
+        await link.run()
         return True
 
-    async def _apply(self, send: _Sender, table: RouteTable, frame: Route) -> None:
+    async def handle(self, link: PeerLink, frame: Frame) -> RemoteProtocolError | None:
+        """One frame from the broker: ROUTEs fill this connection's table, PINGs are answered
+        (a closing ERROR never arrives here: the link ends on it)."""
+        if isinstance(frame, Route):
+            table = self._link_table
+            assert table is not None  # set before the link runs
+            self._apply(link, table, frame)
+            if self.table is not table and _caught_up(table, self._target):
+                self._install(table)
+        elif isinstance(frame, Ping):
+            link.send_frame(Pong(id=frame.id))
+        elif isinstance(frame, Error):
+            log.info("broker said", code=frame.code, text=frame.text)
+        # PONG, ROUTE_ACK: hearing them is what keeps the link alive
+        return None
+
+    def link_closed(self, link: PeerLink) -> None:
+        """Nothing to forget: ``run`` counts the loss and dials again when the link ends."""
+
+    def _apply(self, link: PeerLink, table: RouteTable, frame: Route) -> None:
         update = Update(
             frame.origin,
             frame.incarnation,
@@ -206,7 +221,7 @@ class RouteWatcher:
             self.counters.updates_applied += 1
         elif outcome is Outcome.GAP:
             self.counters.snapshot_requests += 1
-            await send(RouteRequest(origin=frame.origin))
+            link.send_frame(RouteRequest(origin=frame.origin))
 
     def _install(self, table: RouteTable) -> None:
         first = self.table is None
@@ -219,43 +234,13 @@ class RouteWatcher:
             filters=len(table.remote),
         )
 
-    async def _keepalive(self, send: _Sender, state: _LinkState, scope: trio.CancelScope) -> None:
-        while True:
-            await trio.sleep(state.ping_every)
-            if trio.current_time() - state.last_heard > state.dead_after:
-                log.warning("route link silent; closing it", seconds=state.dead_after)
-                scope.cancel()
-                return
-            await send(Ping(id=0))
 
-
-class _Sender:
-    """One writer at a time: the reader answers PINGs while the keepalive task sends its
-    own, and two ``send_all`` calls on one stream at once are an error in trio."""
-
-    def __init__(self, stream: trio.SocketStream, proto: Connection) -> None:
-        self._stream = stream
-        self._proto = proto
-        self._lock = trio.StrictFIFOLock()
-
-    async def __call__(self, frame: Any) -> None:
-        async with self._lock:
-            await self._stream.send_all(self._proto.send(frame))
-
-
-@dataclass(slots=True)
-class _LinkState:
-    ping_every: float
-    dead_after: float
-    last_heard: float
-
-    def __init__(self, keepalive: float, broker_closes_after: float) -> None:
-        # PING often enough that the broker never finds us silent, and give up on a broker
-        # that has said nothing (not even a PONG) for three of our intervals.
-        limit = broker_closes_after / 3 if broker_closes_after > 0 else keepalive
-        self.ping_every = min(keepalive, limit)
-        self.dead_after = 3 * self.ping_every + 1.0
-        self.last_heard = trio.current_time()
+def _observer_keepalive(keepalive: float, broker_closes_after: float) -> Keepalive:
+    """PING on every tick, often enough that the broker never finds us silent, and give up
+    on a broker that has said nothing (not even a PONG) for three ticks and a second."""
+    limit = broker_closes_after / 3 if broker_closes_after > 0 else keepalive
+    tick = min(keepalive, limit)
+    return Keepalive(tick=tick, ping_if_silent=0.0, ping_if_idle=0.0, dead_after=3 * tick + 1.0)
 
 
 def _caught_up(table: RouteTable, target: dict[str, tuple[int, int]]) -> bool:
@@ -265,16 +250,3 @@ def _caught_up(table: RouteTable, target: dict[str, tuple[int, int]]) -> bool:
         if state is None or state.version < version:
             return False
     return True
-
-
-async def _next_frame(stream: trio.SocketStream, proto: Connection) -> Any:
-    """The next frame, or None when the broker closed the stream."""
-    while True:
-        event = proto.next_event()
-        if event is NEED_DATA:
-            data = await stream.receive_some(RECEIVE_SIZE)
-            proto.receive_data(data)
-            continue
-        if isinstance(event, ConnectionClosed):
-            return None
-        return event

@@ -4,7 +4,16 @@
 core sees it only as its ``Mesh``.
 """
 
-from broker.mesh.link import PeerCounters, PeerLink
-from broker.mesh.peering import Peering
+from broker.mesh.handshake import HANDSHAKE_TIMEOUT, dial_handshake
+from broker.mesh.link import Keepalive, LinkOwner, PeerLink
+from broker.mesh.peering import PeerCounters, Peering
 
-__all__ = ["PeerCounters", "PeerLink", "Peering"]
+__all__ = [
+    "HANDSHAKE_TIMEOUT",
+    "Keepalive",
+    "LinkOwner",
+    "PeerCounters",
+    "PeerLink",
+    "Peering",
+    "dial_handshake",
+]

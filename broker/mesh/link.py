@@ -1,8 +1,10 @@
 """One open peer link: a bounded queue out, frames in, keepalive.
 
-A link runs a writer and a keepalive task in a nursery of its own and reads
-inline; everything it reads goes to its owner's ``handle`` (the broker's
-``Peering``), and the owner forgets the link when ``run`` returns.
+A link runs a writer and a keepalive task in a nursery of its own and reads inline;
+everything it reads goes to its owner's ``handle`` (a broker's ``Peering`` for each of its
+links, the Kafka bridge's ``RouteWatcher`` for its link to its broker), and the owner
+forgets the link when ``run`` returns. The owner also chooses the link's pace
+(``Keepalive``) and how many events its queue holds.
 """
 
 from __future__ import annotations
@@ -14,61 +16,84 @@ from typing import Any, Protocol
 
 import trio
 
-from broker.config import BrokerConfig
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
-from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, State
+from broker.net import receive_frame
+from broker.wire.connection import Connection, State
 from broker.wire.frames import Error, Frame, Ping, Route
 
 log = get_logger("topiary.peering")
 
-RECEIVE_SIZE = 256 * 1024
 ERROR_FLUSH_SECONDS = 1.0
 
 
-@dataclass(slots=True)
-class PeerCounters:
-    fwd_out: int = 0  # FWD frames sent (one per event per next hop)
-    fwd_in: int = 0
-    delivered_from_peers: int = 0  # events a FWD brought for local subscribers
-    unreachable_dropped: int = 0  # (event, destination) pairs with no path
-    link_dropped: int = 0  # FWD copies lost: link down or its queue full
-    hop_limit_dropped: int = 0
-    duplicates_dropped: int = 0
-    quota_rejected: int = 0
-    links_opened: int = 0
-    links_refused: int = 0
-    sync_waits: int = 0
-    sync_timeouts: int = 0
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    """When a link PINGs, and when it gives up on a far end it no longer hears.
+
+    Every ``tick`` seconds the link PINGs if it has heard nothing for more than
+    ``ping_if_silent`` seconds or sent nothing for more than ``ping_if_idle`` (0.0: on
+    every tick), and closes with IDLE_TIMEOUT once it has heard nothing for more than
+    ``dead_after``."""
+
+    tick: float
+    ping_if_silent: float
+    ping_if_idle: float
+    dead_after: float
+
+    @classmethod
+    def for_interval(cls, interval: float) -> Keepalive:
+        """A broker's rule for its ``peer_keepalive``: look twice per interval, close after
+        three silent ones."""
+        # PING also when we have sent nothing lately: a peer that only receives (one-way
+        # event flow) would otherwise be heard only through PONGs queued behind its events.
+        return cls(
+            tick=interval / 2,
+            ping_if_silent=interval,
+            ping_if_idle=interval / 2,
+            dead_after=interval * 3,
+        )
 
 
 class LinkOwner(Protocol):
-    """What a link needs of whoever serves it (``Peering``)."""
+    """What a link needs of whoever serves it (``Peering``, the bridge's ``RouteWatcher``)."""
 
-    config: BrokerConfig
-    counters: PeerCounters
+    async def handle(self, link: PeerLink, frame: Frame) -> RemoteProtocolError | None:
+        """Act on one frame; a returned error closes the link with that ERROR."""
+        ...
 
-    async def handle(self, link: PeerLink, frame: Frame) -> RemoteProtocolError | None: ...
-
-    def link_closed(self, link: PeerLink) -> None: ...
+    def link_closed(self, link: PeerLink) -> None:
+        """The link takes no more frames (called once it stops reading, and again at the end)."""
+        ...
 
 
 class PeerLink:
-    """One open peer link: a bounded queue out, frames in, keepalive."""
+    """One open peer link: a bounded queue out, frames in, keepalive.
+
+    Everything goes out through one writer task, so a PONG, a PING and a FWD never race for
+    the stream. Route state and control frames are never dropped (they are bounded by the
+    size of the state); events are dropped and counted once the queue is past its bounds, so
+    a slow peer cannot hold a broker's memory. On a protocol error, silence or ``close``,
+    the link flushes what is queued and says ERROR (unless the far end hung up or said its
+    own closing ERROR first), and ``run`` returns."""
 
     def __init__(
         self,
-        peering: LinkOwner,
+        owner: LinkOwner,
         stream: trio.abc.Stream,
         proto: Connection,
         peer_id: str,
         role: str,
         incarnation: int,
+        *,
         dialled_by: str,
         address: str,
         digest: dict[str, list[int]],
+        keepalive: Keepalive,
+        max_events: int = 0,
+        max_event_bytes: int = 0,
     ) -> None:
-        self.peering = peering
+        self.owner = owner
         self.stream = stream
         self.proto = proto
         self.peer_id = peer_id
@@ -77,6 +102,9 @@ class PeerLink:
         self.dialled_by = dialled_by
         self.address = address
         self.digest = {origin: (int(v[0]), int(v[1])) for origin, v in digest.items()}
+        self.keepalive = keepalive
+        self.max_events = max_events  # FWD frames queued at most (0: the link carries none)
+        self.max_event_bytes = max_event_bytes
         self.opened = time.time()
         self.last_heard = self.last_sent = trio.current_time()
         self._queue: deque[tuple[bytes, int]] = deque()  # (frame, payload size; -1: control)
@@ -97,7 +125,7 @@ class PeerLink:
     def send_frame(self, frame: Frame) -> None:
         """Route state and control: never dropped (bounded by the size of the state)."""
         if self.proto.state is not State.PEER_OPEN or self._closing is not None:
-            return  # closing: nothing more goes out (the peering forgets the link next)
+            return  # closing: nothing more goes out (the owner forgets the link next)
         if isinstance(frame, Route):
             self.routes_out += 1
         self._queue.append((self.proto.send(frame), -1))
@@ -105,11 +133,10 @@ class PeerLink:
 
     def send_event(self, data: bytes, size: int) -> bool:
         """Queue a FWD; False (dropped) when the queue is past its bounds."""
-        config = self.peering.config
         if (
             self._closing is not None
-            or self._events >= config.peer_queue_messages
-            or (self._event_bytes + size > config.peer_queue_bytes and self._events)
+            or self._events >= self.max_events
+            or (self._event_bytes + size > self.max_event_bytes and self._events)
         ):
             self.dropped += 1
             return False
@@ -152,7 +179,8 @@ class PeerLink:
     # -- reading ---------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve the link until EOF, an error, or shutdown; the peering forgets it after."""
+        """Serve the link until EOF, an error, or shutdown; the owner forgets it after.
+        What is still queued then is never sent (``unsent_events``)."""
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer)
@@ -165,7 +193,7 @@ class PeerLink:
                         self._broken = True
                 if self._reader_scope.cancelled_caught:
                     reason = self._closing
-                self.peering.link_closed(self)  # no new frames for it from here on
+                self.owner.link_closed(self)  # no new frames for it from here on
                 if reason is not None and not self._broken and self._may_say_error():
                     log.info(
                         "peer link closing",
@@ -181,8 +209,12 @@ class PeerLink:
                         await self._writer_done.wait()
                 nursery.cancel_scope.cancel()
         finally:
-            self.peering.link_closed(self)
-            self.peering.counters.link_dropped += self._events  # queued, never sent
+            self.owner.link_closed(self)
+
+    @property
+    def unsent_events(self) -> int:
+        """FWD frames still queued: after ``run``, the ones that never went out."""
+        return self._events
 
     def _may_say_error(self) -> bool:
         """Not after the peer's own closing ERROR or EOF: then it is not listening."""
@@ -196,48 +228,40 @@ class PeerLink:
             self._reader_scope.cancel()
 
     async def _reader(self) -> RemoteProtocolError | None:
-        proto = self.proto
-        peering = self.peering
         while True:
-            while True:
-                try:
-                    event = proto.next_event()
-                except RemoteProtocolError as exc:
-                    return exc
-                if event is NEED_DATA:
-                    break
-                if isinstance(event, ConnectionClosed):
-                    return None
-                if isinstance(event, Error) and event.closes_connection:
-                    log.info(
-                        "peer closed the link",
-                        peer=self.peer_id,
-                        code=event.code,
-                        text=event.text,
-                    )
-                    return None  # it said why; nothing more to read or to answer
-                problem = await peering.handle(self, event)  # type: ignore[arg-type]
-                if problem is not None:
-                    return problem
-            data = await self.stream.receive_some(RECEIVE_SIZE)
-            self.last_heard = trio.current_time()
-            proto.receive_data(data)
+            try:
+                frame = await receive_frame(self.proto, self._receive)
+            except RemoteProtocolError as exc:
+                return exc
+            if frame is None:
+                return None
+            if isinstance(frame, Error) and frame.closes_connection:
+                log.info(
+                    "peer closed the link", peer=self.peer_id, code=frame.code, text=frame.text
+                )
+                return None  # it said why; nothing more to read or to answer
+            problem = await self.owner.handle(self, frame)
+            if problem is not None:
+                return problem
+
+    async def _receive(self, max_bytes: int) -> bytes:
+        data = await self.stream.receive_some(max_bytes)
+        self.last_heard = trio.current_time()
+        return data
 
     async def _keepalive(self) -> None:
-        interval = self.peering.config.peer_keepalive
+        pace = self.keepalive
         while True:
-            await trio.sleep(interval / 2)
+            await trio.sleep(pace.tick)
             silent = trio.current_time() - self.last_heard
-            if silent > interval * 3:
+            if silent > pace.dead_after:
                 log.warning("peer link silent, closing", peer=self.peer_id, seconds=silent)
                 self.close(
                     RemoteProtocolError(ErrorCode.IDLE_TIMEOUT, f"nothing heard for {silent:.1f} s")
                 )
                 return
-            # Also when we have sent nothing lately: a peer that only receives (one-way event
-            # flow) would otherwise be heard only through PONGs queued behind its events.
             idle = trio.current_time() - self.last_sent
-            if silent > interval or idle > interval / 2:
+            if silent > pace.ping_if_silent or idle > pace.ping_if_idle:
                 self.send_frame(Ping(id=0))
 
     def describe(self) -> dict[str, Any]:

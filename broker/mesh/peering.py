@@ -10,25 +10,30 @@ configured peer; each dialled ``PeerLink`` runs inside its dial loop. A link dia
 arrives as an ordinary connection and runs inside that connection's task (the server's
 connection nursery). Every link has a writer and a keepalive task in a nursery of its own,
 and reads inline. Shutdown closes every link with ERROR SHUTTING_DOWN and cancels the nursery.
+
+The dialler's handshake (handshake.py) and the link itself (link.py) are shared with the
+Kafka bridge's route watcher; what a frame means to a broker is decided here, in ``handle``.
 """
 
 from __future__ import annotations
 
-import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 import routing
-from broker.config import parse_host_port
+from broker.address import parse_host_port
 from broker.core import Broker, DurableWork, QuotaExceeded
 from broker.core.message import Message
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
-from broker.mesh.link import RECEIVE_SIZE, PeerCounters, PeerLink
+from broker.mesh.handshake import dial_handshake
+from broker.mesh.link import Keepalive, PeerLink
+from broker.net import Backoff, send_error
 from broker.wire.codec import encode_fwd
-from broker.wire.connection import NEED_DATA, Connection, Role
+from broker.wire.connection import Connection, Role
 from broker.wire.frames import (
     PROTOCOL_VERSION,
     Error,
@@ -50,14 +55,33 @@ from routing.linkstate import Update
 log = get_logger("topiary.peering")
 
 BACKOFF_MIN = 0.1
-HANDSHAKE_TIMEOUT = 10.0
+
+
+@dataclass(slots=True)
+class PeerCounters:
+    """What the mesh did with events and links, as ``stats`` and ``topiary routes`` show it."""
+
+    fwd_out: int = 0  # FWD frames sent (one per event per next hop)
+    fwd_in: int = 0
+    delivered_from_peers: int = 0  # events a FWD brought for local subscribers
+    unreachable_dropped: int = 0  # (event, destination) pairs with no path
+    link_dropped: int = 0  # FWD copies lost: link down or its queue full
+    hop_limit_dropped: int = 0
+    duplicates_dropped: int = 0
+    quota_rejected: int = 0
+    links_opened: int = 0
+    links_refused: int = 0
+    sync_waits: int = 0
+    sync_timeouts: int = 0
 
 
 class Peering:
     """A broker's place in the mesh: its links, the route exchange, event forwarding.
 
     The router sees it as its ``Mesh``; ``broker.server`` creates it for every served
-    broker and attaches it (``broker.peering``)."""
+    broker and attaches it (``broker.peering``). Links it dialled and links dialled to it
+    are kept in one registry, so that both ends of a pair keep the same one of two links
+    and the exchange sees each neighbour once."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -335,7 +359,7 @@ class Peering:
         if problem is not None:
             self.counters.links_refused += 1
             log.warning("peer refused", peer=hello.broker_id, code=str(problem.code))
-            await _send_error(stream, proto, problem)
+            await send_error(stream, proto, problem)
             return
         # The digest in our welcome must already cover every local filter: an observer (the
         # Kafka bridge) takes "caught up with the digest" to mean "knows what we want".
@@ -343,8 +367,8 @@ class Peering:
         if self.exchange.dirty:
             self.flush_now()
         await stream.send_all(proto.send(self._welcome()))
-        link = PeerLink(
-            self, stream, proto, hello.broker_id, hello.role, hello.incarnation,
+        link = self._link(
+            stream, proto, hello.broker_id, hello.role, hello.incarnation,
             dialled_by=hello.broker_id, address=address, digest=hello.digest,
         )  # fmt: skip
         await self._serve_link(link)
@@ -367,7 +391,7 @@ class Peering:
         parsed = parse_host_port(address)
         assert parsed is not None  # checked with the config
         host, port = parsed
-        backoff = BACKOFF_MIN
+        backoff = Backoff(BACKOFF_MIN, self.config.peer_backoff_max)
         while True:
             known = self._dialled.get(address)
             while known is not None and known in self.links:
@@ -385,9 +409,8 @@ class Peering:
                 finally:
                     await trio.aclose_forcefully(stream)
             if opened:
-                backoff = BACKOFF_MIN
-            await trio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, self.config.peer_backoff_max)
+                backoff.reset()
+            await backoff.wait()
 
     async def _dial(self, stream: trio.abc.Stream, address: str) -> bool:
         """Handshake as the dialler and serve the link; True if the link opened."""
@@ -401,47 +424,62 @@ class Peering:
             digest={o: list(v) for o, v in self.table.digest().items()},
             keepalive=self.config.peer_keepalive,
         )
-        await stream.send_all(proto.send(hello))
-        frame = None
-        with trio.move_on_after(HANDSHAKE_TIMEOUT):
-            while True:
-                event = proto.next_event()
-                if event is NEED_DATA:
-                    proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
-                    continue
-                frame = event
-                break
+        frame = await dial_handshake(stream, proto, hello)
         if isinstance(frame, Error):
             log.error("peer refused us", address=address, code=frame.code, text=frame.text)
             return False
-        if not isinstance(frame, PeerWelcome):
+        if frame is None:
             return False
         self._dialled[address] = frame.broker_id
         if frame.broker_id == self.self_id:
             log.error("peer has our own id", address=address, broker_id=frame.broker_id)
-            await _send_error(
+            await send_error(
                 stream,
                 proto,
                 RemoteProtocolError(ErrorCode.BROKER_ID_CLASH, "you have my broker id"),
             )
             return False
-        link = PeerLink(
-            self, stream, proto, frame.broker_id, BROKER, frame.incarnation,
+        link = self._link(
+            stream, proto, frame.broker_id, BROKER, frame.incarnation,
             dialled_by=self.self_id, address=address, digest=frame.digest,
         )  # fmt: skip
         await self._serve_link(link)
         return True
 
+    def _link(
+        self,
+        stream: trio.abc.Stream,
+        proto: Connection,
+        peer_id: str,
+        role: str,
+        incarnation: int,
+        *,
+        dialled_by: str,
+        address: str,
+        digest: dict[str, list[int]],
+    ) -> PeerLink:
+        """A link paced and bounded by this broker's config."""
+        config = self.config
+        return PeerLink(
+            self, stream, proto, peer_id, role, incarnation,
+            dialled_by=dialled_by, address=address, digest=digest,
+            keepalive=Keepalive.for_interval(config.peer_keepalive),
+            max_events=config.peer_queue_messages, max_event_bytes=config.peer_queue_bytes,
+        )  # fmt: skip
+
     async def _serve_link(self, link: PeerLink) -> None:
         """Register a link whose handshake is done and serve it, or refuse a duplicate."""
         if not self._register(link):
-            await _send_error(
+            await send_error(
                 link.stream,
                 link.proto,
                 RemoteProtocolError(ErrorCode.DUPLICATE_LINK, "a link between us already exists"),
             )
             return
-        await link.run()
+        try:
+            await link.run()
+        finally:
+            self.counters.link_dropped += link.unsent_events  # queued, never sent
 
     # -- operators ---------------------------------------------------------------------------
 
@@ -462,21 +500,6 @@ class Peering:
         counters["reachable"] = len(self.table.reachable())
         counters["remote_filters"] = len(self.table.remote)
         return counters
-
-
-async def _send_error(
-    stream: trio.abc.Stream, proto: Connection, problem: RemoteProtocolError
-) -> None:
-    try:
-        await stream.send_all(proto.send(Error.from_exception(problem)))
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        return
-    with trio.move_on_after(0.5):  # linger so the ERROR is not lost to a reset
-        try:
-            while await stream.receive_some(RECEIVE_SIZE):
-                pass
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
 
 
 def _to_frame(message: Any) -> Frame:
@@ -504,4 +527,4 @@ def _to_frame(message: Any) -> Frame:
     raise AssertionError(message)
 
 
-__all__ = ["PeerLink", "Peering"]
+__all__ = ["PeerCounters", "Peering"]
