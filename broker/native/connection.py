@@ -10,11 +10,11 @@ Three tasks share a nursery owned by ``ClientConnection.run`` once the handshake
 
 plus ``Confirms.run`` (PUBACKs in order) and a watch on the session failing.
 
-The connection ends for one reason, which decides what the client is told: EOF
-(nothing), a protocol error or a failed session (ERROR with the code, after which we read
-and drop input briefly so the ERROR is not lost to a TCP reset), or broker shutdown
-(queued messages are flushed first, then ERROR SHUTTING_DOWN). Only errors one client can
-cause are caught here; anything else is a bug and propagates.
+The connection ends for one reason (``broker.native.ending``), which decides what the
+client is told: EOF (nothing), a protocol error or a failed session (ERROR with the code,
+after which we read and drop input briefly so the ERROR is not lost to a TCP reset), or
+broker shutdown (queued messages are flushed first, then ERROR SHUTTING_DOWN). Only
+errors one client can cause are caught here; anything else is a bug and propagates.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.mesh import Peering
 from broker.native.confirms import Confirms
+from broker.native.ending import Ending
 from broker.native.handshake import handshake
 from broker.native.requests import Requests
 from broker.net import RECEIVE_SIZE, linger
@@ -60,10 +61,7 @@ class ClientConnection:
         self.session: Session | None = None
         self.keepalive = broker.config.keepalive
         self.last_heard = 0.0
-        self._stop_reason: RemoteProtocolError | None = None
-        self._shutting_down = False
-        self._closing = False
-        self._broken = False
+        self.ending = Ending()
         self._reader_scope = trio.CancelScope()
         self._handshake_scope = trio.CancelScope()
         self._writer_done = trio.Event()
@@ -82,13 +80,13 @@ class ClientConnection:
                     broker, self.stream, self.proto, self._receive, self, self.peer
                 )
             if isinstance(opened, PeerHello):  # a broker or an observer: peering takes over
-                if not self._shutting_down:
+                if not self.ending.shutdown:
                     peering = broker.peering
                     assert isinstance(peering, Peering)  # a served broker always has one
                     await peering.accept(self.stream, self.proto, opened, self.peer)
             elif opened is not None:
                 session = opened.session
-                if self._shutting_down:
+                if self.ending.shutdown:
                     self._release(session, None)
                     return
                 self.session = session
@@ -124,7 +122,7 @@ class ClientConnection:
 
         (A peer link served on this connection is closed by ``Peering.shutdown``.)
         """
-        self._shutting_down = True
+        self.ending.shut_down()
         self._handshake_scope.cancel()
         self._reader_scope.cancel()
 
@@ -140,25 +138,23 @@ class ClientConnection:
             with self._reader_scope:  # cancelled by begin_shutdown() or _stop()
                 reason = await self._reader(session, requests)
             if self._reader_scope.cancelled_caught:
-                reason = self._stop_reason
-                if reason is None and self._shutting_down:
-                    reason = RemoteProtocolError(
-                        ErrorCode.SHUTTING_DOWN, "the broker is shutting down"
-                    )
+                reason = self.ending.why()
             await self._finish(session, reason)
             nursery.cancel_scope.cancel()
 
     async def _finish(self, session: Session, reason: RemoteProtocolError | None) -> None:
-        if reason is None or self._broken:
+        ending = self.ending
+        if reason is None or ending.broken:
             return  # EOF or a dead socket: nobody to tell
         if self.proto.state in (CLOSING, CLOSED):
             return  # the client said a closing ERROR: nothing more may be sent to it
+        # The core's side of the same fact: it must queue nothing for us after the ERROR.
         session.accepting = False
         if reason.code == ErrorCode.SLOW_CONSUMER:
             session.discard_messages()
         self.broker.counters.errors[str(reason.code)] += 1
         session.send_control(self.proto.send(Error.from_exception(reason)))
-        self._closing = True
+        ending.told()
         session.wake()
         if reason.code == ErrorCode.SHUTTING_DOWN:
             timeout = self.broker.config.shutdown_timeout
@@ -173,12 +169,11 @@ class ClientConnection:
             )
         with trio.move_on_after(timeout):
             await self._writer_done.wait()
-        if not self._broken and not self._shutting_down:
+        if ending.lingers:
             await linger(self.stream)
 
     def _stop(self, reason: RemoteProtocolError | None) -> None:
-        if self._stop_reason is None:
-            self._stop_reason = reason
+        self.ending.stop(reason)
         self._reader_scope.cancel()
 
     # -- reading -------------------------------------------------------------------------
@@ -219,7 +214,7 @@ class ClientConnection:
                     await self._fill_from_store(session)
                     continue
                 if not session.queued:
-                    if self._closing:
+                    if self.ending.telling:
                         return
                     await session.wait_data()
                     continue
@@ -227,7 +222,7 @@ class ClientConnection:
                 await self.stream.send_all(data)
                 counters.bytes_sent += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._broken = True
+            self.ending.broke()
             self.proto.send_failed()
             self._stop(None)
         finally:
@@ -270,7 +265,7 @@ class ClientConnection:
                     )
                 )
                 return
-            if idle >= interval and not ping_sent and not self._closing:
+            if idle >= interval and not ping_sent and not self.ending.telling:
                 session.send_control(self.proto.send(Ping(id=0)))
                 ping_sent = True
             elif idle < interval:
