@@ -76,9 +76,7 @@ class ClientConnection:
         try:
             opened = None
             with self._handshake_scope:
-                opened = await handshake(
-                    broker, self.stream, self.proto, self._receive, self, self.peer
-                )
+                opened = await handshake(broker, self.stream, self.proto, self, self.peer)
             if isinstance(opened, PeerHello):  # a broker or an observer: peering takes over
                 if not self.ending.shutdown:
                     peering = broker.peering
@@ -91,6 +89,7 @@ class ClientConnection:
                     return
                 self.session = session
                 self.keepalive = opened.keepalive
+                self.last_heard = opened.heard
                 confirms = Confirms(session, self.proto)
                 requests = Requests(
                     broker, self.proto, session, confirms, opened.joining, self.peer

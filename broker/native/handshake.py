@@ -15,7 +15,7 @@ import trio
 from broker.core import GROUP_PREFIX, Broker, Group, Holder, Session
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
-from broker.net import Receive, receive_frame, send_error
+from broker.net import receive_frame, send_error
 from broker.store import StoreError
 from broker.wire.connection import Connection
 from broker.wire.frames import PROTOCOL_VERSION, Frame, Hello, PeerHello, Welcome
@@ -32,6 +32,7 @@ class Opened:
 
     session: Session
     keepalive: float  # the interval this client asked for (clamped), or the broker's
+    heard: float  # when the client was last heard (trio time): the keepalive starts there
     joining: Group | None  # the shared group it joins once its first request is answered
 
 
@@ -39,15 +40,24 @@ async def handshake(
     broker: Broker,
     stream: trio.abc.Stream,
     proto: Connection,
-    receive: Receive,
     holder: Holder,
     peer: str = "?",
 ) -> Opened | PeerHello | None:
     """Read the first frame and answer it: ``Opened`` for a client, the ``PeerHello`` of a
     broker or observer (the mesh takes the stream), or None when the connection is over
-    (EOF, or refused with ERROR). ``receive`` reads ``stream`` (and notes that the client
-    was heard); ``holder`` is what a durable session is attached to."""
+    (EOF, or refused with ERROR). ``holder`` is what a durable session is attached to."""
     config = broker.config
+    heard = trio.current_time()
+
+    async def receive(size: int) -> bytes:
+        nonlocal heard
+        try:
+            data = await stream.receive_some(size)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""  # a dead socket ends the handshake like EOF
+        heard = trio.current_time()
+        return data
+
     frame: Frame | None = None
     with trio.move_on_after(config.hello_timeout) as waiting:
         try:
@@ -126,7 +136,7 @@ async def handshake(
     )
     session.send_control(proto.send(welcome))
     log.debug("hello", peer=peer, client=session.client_id)
-    return Opened(session, keepalive, joining)
+    return Opened(session, keepalive, heard, joining)
 
 
 def check_hello(broker: Broker, hello: Hello) -> RemoteProtocolError | None:
