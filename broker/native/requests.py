@@ -93,7 +93,7 @@ class Requests:
             handler = handlers.get(cls)
             if handler is None:  # not a frame (the state table lets no other frame through)
                 if event is NEED_DATA or isinstance(event, ConnectionClosed):
-                    return event  # type: ignore[no-any-return]
+                    return event
                 if not isinstance(event, RemoteProtocolError):
                     raise AssertionError(f"unhandled frame {event!r}")
                 if event.closes_connection:
@@ -299,7 +299,8 @@ class Requests:
         )
 
     def _error(self, frame: Error) -> None:
-        # A closing ERROR moves the protocol to CLOSING: the next events say EOF.
+        # After a closing ERROR the protocol drops what follows until EOF, and nothing more
+        # is sent to this client (ClientConnection._finish checks).
         log.info("client error", peer=self.peer, code=frame.code, text=frame.text)
 
     # -- work that waits for the store ---------------------------------------------------
