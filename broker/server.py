@@ -23,7 +23,7 @@ from broker.config import BrokerConfig
 from broker.core import Broker
 from broker.log import get_logger
 from broker.mesh import Peering
-from broker.native.connection import ClientConnection
+from broker.native import ClientConnection
 from broker.store import Store
 
 log = get_logger("topiary.server")

@@ -1,0 +1,74 @@
+"""PUBACKs, in the order the PUBs came, each once its message is safely stored.
+
+A publisher that asks for confirmation may pipeline: its PUBs are routed at once, but a
+PUB with durable subscribers is confirmed only after the store has committed it, and a
+PUBACK must never overtake an earlier one. So confirms wait in one queue, and one task
+answers them from the front, as their commits complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+
+import trio
+
+from broker.core import Session
+from broker.errors import ErrorCode
+from broker.store import Pending, StoreError
+from broker.wire.codec import encode_puback
+from broker.wire.connection import Connection
+from broker.wire.frames import Error
+
+
+class Confirms:
+    """The PUBACKs one session still owes, in order; ``run`` sends them."""
+
+    def __init__(self, session: Session, proto: Connection) -> None:
+        self.session = session
+        self.proto = proto
+        self._waiting: deque[tuple[Pending | None, int]] = deque()
+        self._ready = trio.Event()
+
+    def after(self, pending: Pending | None, request_id: int) -> None:
+        """PUBACK ``request_id`` once ``pending`` (a store commit, if any) is done."""
+        self._waiting.append((pending, request_id))
+        self._ready.set()
+
+    def now(self, request_id: int) -> None:
+        """PUBACK ``request_id``, which needed no commit: at once, unless others are still
+        waiting (then behind them, to keep the order)."""
+        if self._waiting:
+            self.after(None, request_id)
+        else:
+            self.session.send_control(encode_puback(request_id))
+
+    async def run(self) -> None:
+        """Send PUBACKs (or ERROR INTERNAL for a PUB the store failed) as commits complete."""
+        waiting = self._waiting
+        while True:
+            if not waiting:
+                self._ready = trio.Event()
+                await self._ready.wait()
+                continue
+            pending = waiting[0][0]
+            if pending is not None and not pending.done:
+                with contextlib.suppress(StoreError):
+                    await pending.wait()  # the outcome is read below
+            # One commit resolves a whole batch: answer every confirm that is ready now, in
+            # one go (one queued write), instead of one per scheduler round.
+            replies: list[bytes] = []
+            while waiting and (waiting[0][0] is None or waiting[0][0].done):
+                pending, request_id = waiting.popleft()
+                reply = encode_puback(request_id)
+                if pending is not None:
+                    try:
+                        pending.result()
+                    except StoreError as exc:
+                        error = Error(
+                            code=ErrorCode.INTERNAL, text=f"not stored: {exc}", ref=request_id
+                        )
+                        reply = self.proto.send(error)
+                replies.append(reply)
+            if replies:
+                self.session.send_control(b"".join(replies))

@@ -1,0 +1,386 @@
+"""A native client's requests after WELCOME: each frame becomes core calls and a reply.
+
+``Requests.handle`` takes the frames of one read and looks each one's handler up in a
+table keyed by frame class (``_HANDLERS``): a PUB, the hot path, costs one dict lookup
+and one call. Two things make it more than a table:
+
+- A run of pipelined SUBs or UNSUBs on a plain session is one core call and one write of
+  replies, not one per frame (a client may send thousands at once).
+- Work that must wait for the store (a filter or ack to write, a PUB whose durable
+  subscribers are stored before it is confirmed) is deferred to ``_later`` and awaited
+  before the next frame is handled, so each client's requests take effect in order while
+  the handlers themselves stay synchronous. PUBACKs go through ``Confirms``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import routing
+from broker.core import Broker, DurableWork, Group, Member, QuotaExceeded, Session
+from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
+from broker.log import get_logger
+from broker.native.confirms import Confirms
+from broker.store import StoreError
+from broker.wire.codec import encode_suback, encode_unsuback
+from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, NeedData
+from broker.wire.frames import (
+    Ack,
+    DropSession,
+    Error,
+    Ping,
+    Pong,
+    Pub,
+    Routes,
+    RoutesReply,
+    SessionDropped,
+    Sessions,
+    SessionsReply,
+    Stats,
+    StatsReply,
+    Sub,
+    Unsub,
+)
+
+log = get_logger("topiary.connection")
+
+#: Why ``Requests.handle`` stopped (see there).
+Stop = NeedData | ConnectionClosed | RemoteProtocolError | None
+
+
+class Requests:
+    """One client's requests on its session, answered in order (see the module docstring).
+
+    ``member`` is the client's membership of a shared group once it has joined (the owner
+    of the connection makes it leave when the connection ends).
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        proto: Connection,
+        session: Session,
+        confirms: Confirms,
+        joining: Group | None = None,
+        peer: str = "?",
+    ) -> None:
+        self.broker = broker
+        self.proto = proto
+        self.session = session
+        self.confirms = confirms
+        self.peer = peer
+        self.member: Member | None = None
+        self._joining = joining  # the group to join once the first request is answered
+        self._later: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
+
+    async def handle(self, events: list[Any]) -> Stop:
+        """Handle the events of one read (``Connection.next_events``), in order.
+
+        Returns the event that ends them: NEED_DATA (read more), ``ConnectionClosed``
+        (EOF) or an error that closes the connection; or None when the list stopped before
+        a frame that changes the state (call ``next_events`` again before reading).
+        """
+        session = self.session
+        handlers = _HANDLERS
+        count = len(events)
+        events.append(None)  # so that looking one event ahead needs no bounds check
+        i = 0
+        while i < count:
+            event = events[i]
+            i += 1
+            cls = event.__class__
+            handler = handlers.get(cls)
+            if handler is None:  # not a frame (the state table lets no other frame through)
+                if event is NEED_DATA or isinstance(event, ConnectionClosed):
+                    return event
+                if not isinstance(event, RemoteProtocolError):
+                    raise AssertionError(f"unhandled frame {event!r}")
+                if event.closes_connection:
+                    return event
+                self._refuse(event)
+                continue
+            if (cls is Sub or cls is Unsub) and cls is events[i].__class__ and self._plain():
+                # pipelined SUBs or UNSUBs: a run in one pass
+                if cls is Sub:
+                    i = self._subscribe_run(events, i - 1)
+                else:
+                    i = self._unsubscribe_run(events, i - 1)
+                continue
+            handler(self, event)
+            if self._later:
+                problem = await self._run_later()
+                if problem is not None:
+                    return problem
+            if not session.ready:  # its first request is answered: the backlog may come
+                session.ready = True
+                if self._joining is not None:
+                    self.member = self._joining.join(session)
+                    self._joining = None
+                session.wake()
+        return None
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _plain(self) -> bool:
+        """Is a SUB or UNSUB here only a table change and a reply? (The client's own
+        transient session, no group, no peers to sync with: then runs of them are batched.)"""
+        session = self.session
+        return (
+            self.member is None
+            and self._joining is None
+            and session.ready
+            and not session.durable
+            and not self.broker.peering.active
+        )
+
+    def _owner(self) -> Session:
+        """The session a SUB or UNSUB changes: the group's for a member (joined or about
+        to join), else the client's own."""
+        group = self.member.group if self.member is not None else self._joining
+        return group if group is not None else self.session
+
+    def _refuse(self, exc: ProtocolError) -> None:
+        """Refuse one request with ERROR; the connection carries on."""
+        self.broker.counters.errors[str(exc.code)] += 1
+        self.session.send_control(self.proto.send(Error.from_exception(exc)))
+
+    # -- runs of SUBs and UNSUBs ---------------------------------------------------------
+
+    def _subscribe_run(self, events: list[Any], start: int) -> int:
+        """Handle the run of SUBs at ``events[start]`` (``_plain`` sessions only) as
+        ``_sub`` would, one after the other, with their SUBACKs in one write; returns the
+        index after the run."""
+        end = start + 1
+        while events[end].__class__ is Sub:  # (the list ends with None)
+            end += 1
+        frames = events[start:end]
+        sub_ids = self.broker.subscribe_many(self.session, [frame.parsed for frame in frames])
+        replies = map(encode_suback, [frame.id for frame in frames], sub_ids)
+        self.session.send_control(b"".join(replies))
+        return end
+
+    def _unsubscribe_run(self, events: list[Any], start: int) -> int:
+        """``_subscribe_run`` for a run of UNSUBs: UNSUBACKs, and ERRORs for unknown
+        subscriptions, in order in one write."""
+        end = start + 1
+        while events[end].__class__ is Unsub:
+            end += 1
+        frames = events[start:end]
+        dropped = self.broker.unsubscribe_many(self.session, [frame.sub for frame in frames])
+        parts = []
+        for frame, ok in zip(frames, dropped, strict=True):
+            if ok:
+                parts.append(encode_unsuback(frame.id))
+            else:
+                exc = RemoteProtocolError(
+                    ErrorCode.UNKNOWN_SUBSCRIPTION,
+                    f"no subscription {frame.sub} on this session",
+                    ref=frame.id,
+                )
+                self.broker.counters.errors[str(exc.code)] += 1
+                parts.append(self.proto.send(Error.from_exception(exc)))
+        self.session.send_control(b"".join(parts))
+        return end
+
+    # -- one handler per frame class (the table is _HANDLERS, below) ---------------------
+
+    def _pub(self, frame: Pub) -> None:
+        broker = self.broker
+        if len(frame.payload) > broker.config.max_payload:
+            self._refuse(
+                RemoteProtocolError(
+                    ErrorCode.PAYLOAD_TOO_LARGE,
+                    f"payload of {len(frame.payload)} bytes exceeds the limit of "
+                    f"{broker.config.max_payload}",
+                    ref=frame.id,
+                )
+            )
+            return
+        try:
+            work = broker.publish(frame.topic, frame.payload, frame.headers, frame.msg_id)
+        except QuotaExceeded as exc:
+            self._refuse(RemoteProtocolError(ErrorCode.QUOTA_EXCEEDED, str(exc), ref=frame.id))
+            return
+        if work is not None:
+            pending = None if self._later else broker.persist_nowait(work)
+            if pending is None:
+                self._later.append((self._persist, (work, frame.id)))
+            elif frame.id is not None:
+                self.confirms.after(pending, frame.id)
+        elif frame.id is not None:
+            self.confirms.now(frame.id)
+
+    def _sub(self, frame: Sub) -> None:
+        broker = self.broker
+        session = self.session
+        owner = (
+            session if self.member is None and self._joining is None else self._owner()
+        )  # (most sessions are nobody's group member: no call for them)
+        sub_id = broker.subscribe(owner, frame.parsed)
+        reply = encode_suback(frame.id, sub_id)
+        sync = frame.sync and broker.peering.active
+        if owner.durable:
+            self._later.append(
+                (self._store_filter, (owner, frame.parsed, True, None if sync else reply))
+            )
+        if sync:
+            self._later.append((self._sync_sub, (owner, sub_id, frame, reply)))
+        elif not owner.durable:
+            session.send_control(reply)
+
+    def _unsub(self, frame: Unsub) -> None:
+        owner = self._owner()
+        ref = owner.subs.get(frame.sub)
+        if self.broker.unsubscribe(owner, frame.sub):
+            reply = encode_unsuback(frame.id)
+            if owner.durable and ref is not None and not ref.sub_ids:
+                flt = routing.parse_filter(ref.filter, ref.dialect)
+                self._later.append((self._store_filter, (owner, flt, False, reply)))
+            else:
+                self.session.send_control(reply)
+        else:
+            self._refuse(
+                RemoteProtocolError(
+                    ErrorCode.UNKNOWN_SUBSCRIPTION,
+                    f"no subscription {frame.sub} on this session",
+                    ref=frame.id,
+                )
+            )
+
+    def _ack(self, frame: Ack) -> None:
+        session = self.session
+        member = self.member
+        if member is not None:
+            settled = member.group.ack(member, frame.seq, frame.single)
+            if frame.single and not settled:
+                self._refuse(
+                    RemoteProtocolError(
+                        ErrorCode.INVALID_ACK,
+                        f"sequence {frame.seq} is not held by this group member",
+                    )
+                )
+            elif settled:
+                self._later.append((self._store_ack_one, (member.group.client_id, settled)))
+            return
+        delivered = session.sent_upto if session.durable else session.seq
+        if frame.seq > delivered:
+            self._refuse(
+                RemoteProtocolError(
+                    ErrorCode.INVALID_ACK,
+                    f"ack of sequence {frame.seq}, but only {delivered} were delivered",
+                )
+            )
+        elif session.durable and frame.seq > session.last_ack:
+            session.last_ack = frame.seq
+            session.release_through(frame.seq)
+            self._later.append((self._store_ack, (frame.seq,)))
+
+    def _ping(self, frame: Ping) -> None:
+        self.session.send_control(self.proto.send(Pong(id=frame.id)))
+
+    def _pong(self, frame: Pong) -> None:
+        pass  # the connection noted that the client was heard when the bytes arrived
+
+    def _sessions(self, frame: Sessions) -> None:
+        reply = SessionsReply(id=frame.id, sessions=self.broker.sessions_info())
+        self.session.send_control(self.proto.send(reply))
+
+    def _drop_session(self, frame: DropSession) -> None:
+        self._later.append((self._drop_stored_session, (frame,)))
+
+    def _routes(self, frame: Routes) -> None:
+        reply = RoutesReply(id=frame.id, routes=self.broker.routes_info())
+        self.session.send_control(self.proto.send(reply))
+
+    def _stats(self, frame: Stats) -> None:
+        self.session.send_control(
+            self.proto.send(StatsReply(id=frame.id, stats=self.broker.stats()))
+        )
+
+    def _error(self, frame: Error) -> None:
+        # After a closing ERROR the protocol drops what follows until EOF, and nothing more
+        # is sent to this client (ClientConnection._finish checks).
+        log.info("client error", peer=self.peer, code=frame.code, text=frame.text)
+
+    # -- work that waits for the store ---------------------------------------------------
+
+    async def _run_later(self) -> RemoteProtocolError | None:
+        """Await the deferred jobs, in order; a store failure closes this client only."""
+        later, self._later = self._later, []
+        try:
+            for job, args in later:
+                await job(*args)
+        except StoreError as exc:  # this client's request; others carry on
+            self.broker.counters.store_errors += 1
+            log.error("store failed", client=self.session.client_id, error=str(exc))
+            return RemoteProtocolError(ErrorCode.INTERNAL, f"storage failed: {exc}")
+        return None
+
+    async def _persist(self, work: DurableWork, request_id: int | None) -> None:
+        pending = await self.broker.persist(work)
+        if request_id is not None:
+            self.confirms.after(pending, request_id)
+
+    async def _store_filter(
+        self, owner: Session, flt: routing.Filter, add: bool, reply: bytes | None
+    ) -> None:
+        store = self.broker.store
+        assert store is not None
+        if add:
+            await store.add_filter(owner.client_id, flt.text, flt.dialect)
+        else:
+            await store.remove_filter(owner.client_id, flt.text, flt.dialect)
+        if reply is not None:
+            self.session.send_control(reply)
+
+    async def _sync_sub(self, owner: Session, sub_id: int, frame: Sub, reply: bytes) -> None:
+        """SUBACK only once every reachable broker has the route; else undo, and say so."""
+        if await self.broker.peering.sync():
+            self.session.send_control(reply)
+            return
+        ref = owner.subs.get(sub_id)
+        self.broker.unsubscribe(owner, sub_id)
+        if owner.durable and ref is not None and not ref.sub_ids:
+            await self._store_filter(owner, frame.parsed, False, None)
+        self._refuse(
+            RemoteProtocolError(
+                ErrorCode.SYNC_TIMEOUT,
+                f"not every reachable broker acknowledged the route within "
+                f"{self.broker.config.sync_timeout} s; the subscription was removed",
+                ref=frame.id,
+            )
+        )
+
+    async def _drop_stored_session(self, frame: DropSession) -> None:
+        dropped = await self.broker.drop_session(frame.client_id, requester=self.session)
+        reply = SessionDropped(id=frame.id, dropped=dropped)
+        self.session.send_control(self.proto.send(reply))
+
+    async def _store_ack_one(self, client_id: str, seqs: list[int]) -> None:
+        store = self.broker.store
+        assert store is not None
+        for seq in seqs:
+            await store.begin_ack_one(client_id, seq)
+
+    async def _store_ack(self, seq: int) -> None:
+        store = self.broker.store
+        assert store is not None
+        await store.begin_ack(self.session.client_id, seq)
+
+
+#: The handler of each frame a client may send after WELCOME (the state table in
+#: broker.wire.states lets no other through).
+_HANDLERS: Final[dict[type, Callable[[Requests, Any], None]]] = {
+    Pub: Requests._pub,
+    Sub: Requests._sub,
+    Unsub: Requests._unsub,
+    Ack: Requests._ack,
+    Ping: Requests._ping,
+    Pong: Requests._pong,
+    Sessions: Requests._sessions,
+    DropSession: Requests._drop_session,
+    Routes: Requests._routes,
+    Stats: Requests._stats,
+    Error: Requests._error,
+}
