@@ -182,5 +182,5 @@ async def running_bridge(config: BridgeConfig) -> AsyncIterator[Bridge]:
 
 async def wait_until(predicate: Any, timeout: float = 15, what: str = "condition") -> None:
     with trio.fail_after(timeout):
-        while not predicate():
+        while not predicate():  # bridge counters have no events: poll, bounded
             await trio.sleep(0.02)

@@ -223,18 +223,23 @@ async def test_offsets_are_committed_once_the_broker_confirmed_and_not_before(
             async with running_bridge(config) as bridge:
                 await trio.to_thread.run_sync(lambda: produce(tansu, topic_name, batch(0)))
                 await wait_until(lambda: bridge.counters.published == 10)
-                with trio.fail_after(10):
+                with trio.fail_after(10):  # Kafka's committed offsets: poll, bounded
                     while await trio.to_thread.run_sync(offsets) != {0: 10}:
                         await trio.sleep(0.05)
+                stored = bridge.counters.offsets_stored
                 first.shutdown()  # the broker goes: nothing can be confirmed
                 await trio.to_thread.run_sync(lambda: produce(tansu, topic_name, batch(10)))
                 await wait_until(lambda: bridge.counters.records_in == 20)
-                await trio.sleep(0.5)  # ten auto-commit intervals
+                # librdkafka commits on its own timer in its own thread; nothing tells when
+                # it ran, so this waits ten auto-commit intervals. The offsets it could
+                # commit are the ones the bridge stored: none since the broker went.
+                await trio.sleep(0.5)
                 assert await trio.to_thread.run_sync(offsets) == {0: 10}
+                assert bridge.counters.offsets_stored == stored
                 assert bridge.stats()["in_flight"] == 10
                 second = await nursery.start(run_broker, BrokerConfig(port=port))
                 await wait_until(lambda: bridge.counters.published == 20)
-                with trio.fail_after(10):
+                with trio.fail_after(10):  # Kafka's committed offsets: poll, bounded
                     while await trio.to_thread.run_sync(offsets) != {0: 20}:
                         await trio.sleep(0.05)
                 assert (await _stats(address))["messages_in"] == 10
@@ -266,8 +271,14 @@ async def test_a_broker_that_refuses_for_now_slows_the_bridge_and_memory_stays_b
             bridge={"batch_max": 100, "in_flight_max": 300, "backoff_max": 0.2},
         )  # fmt: skip
         async with running_bridge(config) as bridge:
-            await wait_until(lambda: bridge.counters.publish_retries > 0)
-            await trio.sleep(1.0)
+            # Barrier instead of a 1 s nap: the bridge has filled its in-flight room (it
+            # must stop reading now), then retried every record in flight once more, so a
+            # bridge that read on regardless would have had time to read past the bound.
+            await wait_until(lambda: bridge.stats()["in_flight"] > 300 - 100)
+            retried = bridge.counters.publish_retries
+            await wait_until(
+                lambda: bridge.counters.publish_retries >= retried + bridge.stats()["in_flight"]
+            )
             assert bridge.counters.records_in <= 100 + 300  # stored + in flight, no more
             assert bridge.stats()["in_flight"] <= 300
             numbers: list[int] = []

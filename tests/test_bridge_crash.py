@@ -53,7 +53,7 @@ def produce_slowly(tansu: Tansu, topic: str, done: threading.Event) -> None:
         for start in range(0, EVENTS, CHUNK):
             chunk = (beacon(i) for i in range(start, start + CHUNK))
             produce(tansu, topic, json_values(chunk))
-            time.sleep(0.25)
+            time.sleep(0.25)  # the producing rate is the workload (see the docstring)
     finally:
         done.set()
 

@@ -79,7 +79,7 @@ async def test_kafka_unavailable_at_start_is_waited_for_without_loss(
             config = via_proxy(tansu, proxy, f"{host}:{port}", topic_name)
             async with running_bridge(config) as bridge:
                 await wait_until(lambda: bridge.counters.kafka_errors > 0, what="an error")
-                await trio.sleep(1.0)
+                await trio.sleep(1.0)  # an outage that lasts: its length is the behaviour
                 assert bridge.counters.records_in == 0
                 proxy.restore()
                 got = await receive_numbers(sub, 300)
@@ -105,7 +105,7 @@ async def test_kafka_going_away_mid_stream_resumes_without_loss(
                 errors_before = bridge.counters.kafka_errors
                 proxy.cut()
                 await wait_until(lambda: bridge.counters.kafka_errors > errors_before)
-                await trio.sleep(1.0)
+                await trio.sleep(1.0)  # an outage that lasts: its length is the behaviour
                 proxy.restore()
                 await trio.to_thread.run_sync(
                     lambda: produce_via(tansu, proxy, topic_name, range(300, 600))

@@ -60,7 +60,9 @@ async def test_the_watcher_survives_pings_crossing_in_both_directions() -> None:
     async with running_broker(server_id="a", peer_keepalive=0.01, peer_flush=0.002) as a:
         async with watching(a, keepalive=0.01) as watcher:
             await wait_for(watcher.ready.is_set)
-            await trio.sleep(1.5)  # a crash here would end the test with BusyResourceError
+            # A stress window over wall-clock time (pings every 10 ms from both ends): a
+            # crash here would end the test with BusyResourceError.
+            await trio.sleep(1.5)
             # On a loaded machine a 30 ms silence can close the link; it must come back.
             await wait_for(lambda: watcher.connected, timeout=10)
 

@@ -323,7 +323,12 @@ async def test_shutdown_is_clean_with_a_client_that_said_error_and_stayed_connec
         async with running_broker(shutdown_timeout=2.0) as server:
             raw = await RawClient.open(server.addresses[0])
             await raw.send(frame({"type": "ERROR", "code": "INTERNAL", "text": "bye"}))
-            await trio.sleep(0.2)  # read and answered with silence; the socket stays open
+            # The broker answers the ERROR with silence, so no round trip can show it was
+            # read: poll its side of the connection, which leaves OPEN once it has.
+            (connection,) = server.broker.connections
+            with trio.fail_after(5):
+                while connection.proto.state == "OPEN":
+                    await trio.sleep(0.01)
         # Leaving running_broker shut it down, and nothing escaped its nursery.
     with trio.fail_after(5):
         assert (await raw.read_frame())["type"] == "EOF"

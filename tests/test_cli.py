@@ -32,7 +32,7 @@ def wait_listening(port: int, proc: subprocess.Popen, seconds: float = 10) -> No
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
         except OSError:
-            time.sleep(0.05)
+            time.sleep(0.05)  # a real process: poll its port (bounded) until it listens
     raise AssertionError("broker did not start listening")
 
 

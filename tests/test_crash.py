@@ -65,7 +65,7 @@ def start_broker(port: int, data_dir: Path) -> subprocess.Popen:
         except OSError:
             if proc.poll() is not None:
                 raise AssertionError("the broker exited at start-up") from None
-            time.sleep(0.05)
+            time.sleep(0.05)  # a real process: poll its port (bounded) until it listens
     proc.kill()
     raise AssertionError("the broker did not start")
 
@@ -81,12 +81,15 @@ class Ledger:
     committed_acks: dict[str, int] = field(default_factory=dict)
 
 
-async def subscriber(port: int, client_id: str, ledger: Ledger) -> None:
+async def subscriber(
+    port: int, client_id: str, ledger: Ledger, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     try:
         async with (
             connect(("127.0.0.1", port), client_id=client_id, durable=True) as c,
             c.subscribe("crash/>") as sub,
         ):
+            task_status.started()  # SUBACK: the session takes what is published from now
             async for message in sub:
                 ledger.received.setdefault(client_id, []).append(
                     (message.seq, message.payload.decode())
@@ -99,7 +102,11 @@ async def subscriber(port: int, client_id: str, ledger: Ledger) -> None:
         return  # the broker was killed
 
 
-async def publisher(port: int, round_no: int, ledger: Ledger) -> None:
+async def publisher(
+    port: int, round_no: int, ledger: Ledger, kill_after: int, reached: trio.Event
+) -> None:
+    """Publish with confirmation until the broker dies; ``reached`` is set once
+    ``kill_after`` publishes of this round were confirmed (and publishing goes on)."""
     try:
         async with connect(("127.0.0.1", port)) as p:
             for i in range(1_000_000):
@@ -109,6 +116,8 @@ async def publisher(port: int, round_no: int, ledger: Ledger) -> None:
                 await p.publish(f"crash/{i % 5}", payload, confirm=True)
                 ledger.confirmed.add(payload)
                 ledger.confirmed_issue = max(ledger.confirmed_issue, issue)
+                if i + 1 == kill_after:
+                    reached.set()
     except Exception:
         return
 
@@ -125,18 +134,23 @@ def settle_acks(ledger: Ledger) -> None:
 
 async def one_round(port: int, data_dir: Path, round_no: int, ledger: Ledger, rng) -> None:
     proc = start_broker(port, data_dir)
+    # The kill lands mid-stream after a random number of confirmed publishes, rather than
+    # after a random time: on a loaded machine a time could pass before any publish.
+    kill_after = rng.randint(20, 300)  # ~0.1-1 s of publishing here
+    reached = trio.Event()
     try:
-        async with trio.open_nursery() as nursery:
-            for client_id in SESSIONS:
-                nursery.start_soon(subscriber, port, client_id, ledger)
-            await trio.sleep(0.2)
-            nursery.start_soon(publisher, port, round_no, ledger)
-            await trio.sleep(rng.uniform(0.3, 1.2))
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
-            with trio.move_on_after(5):
-                await trio.sleep(0.5)  # clients notice the dead connection
-            nursery.cancel_scope.cancel()
+        with trio.CancelScope() as clients:
+            async with trio.open_nursery() as nursery:
+                for client_id in SESSIONS:
+                    await nursery.start(subscriber, port, client_id, ledger)
+                nursery.start_soon(publisher, port, round_no, ledger, kill_after, reached)
+                with trio.fail_after(30):
+                    await reached.wait()
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=10)
+                # The clients notice the dead connection and return; if one does not
+                # within 5 s, it is cancelled, as before.
+                clients.deadline = trio.current_time() + 5
     finally:
         if proc.poll() is None:
             proc.kill()

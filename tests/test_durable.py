@@ -266,10 +266,14 @@ async def test_a_client_can_end_its_own_session_and_carry_on(tmp_path: Path) -> 
                 assert await c.sessions() == []
 
 
-async def member(address, name: str, seen: dict, stop: trio.Event, *, die_after=None) -> None:
-    """A group member that processes (records, then acks) each message it gets."""
+async def member(
+    address, name: str, seen: dict, stop: trio.Event, *, die_after=None, task_status
+) -> None:
+    """A group member that processes (records, then acks) each message it gets; started
+    once its SUBACK came, which is when it has joined the group."""
     async with connect(address, client_id=name, group="workers") as c:
         async with c.subscribe("jobs/>") as sub:
+            task_status.started()
             count = 0
             while not stop.is_set():
                 with trio.move_on_after(0.2):
@@ -282,21 +286,26 @@ async def member(address, name: str, seen: dict, stop: trio.Event, *, die_after=
 
 
 async def test_shared_group_survives_a_member_dying_mid_stream(tmp_path: Path) -> None:
+    from broker.core.groups import group_session_id
+
     async with running_broker(data_dir=str(tmp_path), group_prefetch=8) as server:
         address = server.addresses[0]
         seen: dict[str, list[str]] = {}
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(member, address, "m1", seen, stop)
-            nursery.start_soon(member, address, "m2", seen, stop)
-            nursery.start_soon(partial(member, address, "m3", seen, stop, die_after=20))
-            await trio.sleep(0.3)
+            await nursery.start(member, address, "m1", seen, stop)
+            await nursery.start(member, address, "m2", seen, stop)
+            await nursery.start(partial(member, address, "m3", seen, stop, die_after=20))
             payloads = [f"job-{i}" for i in range(300)]
             await publish(address, "jobs/x", payloads)
-            with trio.fail_after(20):
+            group = server.broker.durable[group_session_id("workers")]
+            with trio.fail_after(20):  # no event for these: poll
                 while set(seen) != set(payloads):
                     await trio.sleep(0.05)
-            await trio.sleep(0.3)
+                # Nothing queued and nothing unacked: no message can come again, so a
+                # duplicate would be in ``seen`` already.
+                while group.queue or any(m.inflight for m in group.members):
+                    await trio.sleep(0.01)
             stop.set()
         async with connect(address) as admin:
             (info,) = await admin.sessions()

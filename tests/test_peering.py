@@ -30,7 +30,7 @@ def server_text(server: Server) -> str:
 
 async def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
     with trio.fail_after(timeout):
-        while not predicate():
+        while not predicate():  # for broker state that has no event: poll, bounded
             await trio.sleep(0.01)
 
 
@@ -172,7 +172,9 @@ async def test_two_brokers_dialling_each_other_keep_one_link() -> None:
             ) as c:
                 await wait_for(lambda: reachable(c) == {"a", "b"})
                 await wait_for(lambda: set(a.broker.peering.links) == {"b", "c"})
-                await trio.sleep(0.5)  # any duplicate would have appeared by now
+                # Every configured dial has its link (a broker dials no one else), so no
+                # dial is left that could open a second link between a pair.
+                await wait_for(lambda: set(b.broker.peering.links) == {"a", "c"})
                 for server in (a, b, c):
                     assert len(server.broker.peering.links) == 2
 
@@ -199,7 +201,8 @@ async def test_an_observer_receives_every_origins_filters_and_is_nobodys_neighbo
                     got = await observer.read_until("ROUTE")
                     routes[got["origin"]] = got
             assert routes["b"]["add"] == [["seen/>", "native"]]
-            await trio.sleep(0.05)
+            # No nap needed: a registers a link before it sends ROUTE frames on it, so
+            # the ROUTEs read above come after any neighbour change the observer caused.
             assert "bridge" not in a.broker.peering.table.origins["a"].neighbors
             await observer.aclose()
 
@@ -312,7 +315,12 @@ async def test_a_durable_sessions_filter_stays_advertised_while_its_client_is_aw
             async with connect(server_text(b), client_id="svc", durable=True) as client:
                 async with client.subscribe("orders/>", sync=True):
                     pass
-            await trio.sleep(0.1)
+            # Barrier: b has seen svc go, then a sync SUB on b returns once a has b's route
+            # changes up to it, so a withdrawal of orders/> would have reached a by now.
+            await wait_for(lambda: b.broker.durable["svc"].connection is None)
+            async with connect(server_text(b)) as marker:
+                async with marker.subscribe("marker/>", sync=True):
+                    pass
             assert a.broker.peering.table.wanting("orders/1") == {"b"}
             async with connect(server_text(a)) as pub:
                 await pub.publish("orders/1", b"while away")
@@ -342,7 +350,7 @@ async def test_a_link_the_peer_closed_with_an_error_is_forgotten_before_its_sock
         await wait_for(lambda: "p" not in a.broker.peering.links)
         async with connect(server_text(a)) as client:
             async with client.subscribe("after/close"):  # a route change to flood
-                await trio.sleep(0.05)
+                await wait_for(lambda: not a.broker.peering.exchange.dirty)  # flushed
             assert (await client.stats())["connections"] >= 1  # still serving
         await peer.aclose()
 
@@ -362,7 +370,7 @@ async def test_a_broker_that_only_receives_on_a_link_still_pings_so_its_peer_hea
             with trio.move_on_after(2):
                 while not pinged.is_set():  # the broker hears us all the time
                     await peer.send(fwd(["a"]))
-                    await trio.sleep(0.03)
+                    await trio.sleep(0.03)  # keepalive over wall-clock time: keep talking
             nursery.cancel_scope.cancel()
         assert pinged.is_set()
         await peer.aclose()

@@ -61,7 +61,7 @@ async def wait_count(mesh: Mesh, nodes: list[str], count: int) -> None:
     with trio.fail_after(60):
         for node in nodes:
             while await remote_filters(mesh, node) != count:
-                await trio.sleep(0.05)
+                await trio.sleep(0.05)  # another process's table: poll its stats
 
 
 async def test_a_subscription_storm_converges_and_the_other_brokers_keep_answering_pings(

@@ -172,7 +172,7 @@ async def test_a_write_waits_out_a_broker_that_is_down_and_publishes_every_row_o
             await client.ack((await take(sub, 10))[-1].seq)  # not to come again after the restart
             first.shutdown()
             with trio.fail_after(5):
-                while client._connected.is_set():
+                while client._connected.is_set():  # no "disconnected" event: poll
                     await trio.sleep(0.01)
             written = trio.Event()
 
@@ -186,9 +186,9 @@ async def test_a_write_waits_out_a_broker_that_is_down_and_publishes_every_row_o
             nursery.start_soon(write_while_down)
             tracker = spark.sparkContext.statusTracker()
             with trio.fail_after(30):  # the sink's tasks are running, finding no broker
-                while not tracker.getActiveStageIds():
+                while not tracker.getActiveStageIds():  # Spark's tracker: poll
                     await trio.sleep(0.05)
-            await trio.sleep(1.0)
+            await trio.sleep(1.0)  # the broker stays away a while: its length is the behaviour
             assert not written.is_set(), "the write finished without a broker"
             second = await nursery.start(run_broker, BrokerConfig(port=port, data_dir=data_dir))
             got = await take(sub, 300)
@@ -226,7 +226,7 @@ async def test_a_write_cut_off_from_the_broker_midway_resends_and_nothing_arrive
                     got = await take(sub, 2_000, timeout=60)
                     assert not written.is_set(), "the write was done before the cut"
                     proxy.cut()
-                    await trio.sleep(0.5)
+                    await trio.sleep(0.5)  # a cut that lasts: its length is the behaviour
                     proxy.restore()
                     got += await take(sub, total - len(got), timeout=60)
                     with trio.fail_after(30):
@@ -262,7 +262,7 @@ async def test_a_task_connects_after_a_broker_that_hung_up_mid_handshake_then_wa
                 connection, _ = await listener.accept()
                 connection.close()  # the handshake ends: ConnectionLost
                 hung_up += 1
-        await trio.sleep(0.3)  # refused meanwhile: OSError
+        await trio.sleep(0.3)  # nothing listens for a while (wall-clock): refused, OSError
         servers.append(await nursery.start(run_broker, BrokerConfig(port=port)))
 
     async with trio.open_nursery() as nursery:

@@ -379,7 +379,7 @@ async def test_unreferenced_messages_are_swept_after_the_retention_window(tmp_pa
         await store.ack("a", 1)
         assert count(tmp_path, "messages") == 1  # unreferenced, but kept for now
         with trio.fail_after(3):
-            while store.statistics().messages:
+            while store.statistics().messages:  # the sweep has no event: poll, bounded
                 await trio.sleep(0.02)
         assert count(tmp_path, "messages") == 0
 
@@ -665,7 +665,7 @@ async def main(data_dir):
 
         async def acker():
             while True:
-                await trio.sleep(0.01)
+                await trio.sleep(0.01)  # the workload's pace (a child that gets killed)
                 if confirmed:
                     upto = min(confirmed[-20:])
                     await store.ack("b", upto)
@@ -790,13 +790,18 @@ async def test_begin_append_queues_without_waiting_and_commits_in_call_order(tmp
         assert [m.seq for m in await store.pending("s", 0, 100)] == list(range(11, 51))
 
 
-async def test_a_lazy_ack_shares_the_commit_of_the_append_queued_after_it(store: Store) -> None:
+async def test_a_lazy_ack_shares_the_commit_of_the_append_queued_after_it(
+    store: Store, mock_clock: trio.testing.MockClock
+) -> None:
+    # The clock stands still, so the lazy wait cannot run out before the append comes
+    # (with a real clock a 10 ms nap raced LAZY_COMMIT_DELAY on a loaded machine).
     await store.create_session("s", None)
     for seq in range(1, 11):
         await append(store, seq, "s")
     before = store.statistics().batches_committed
     ack = await store.begin_ack("s", 5)
-    await trio.sleep(0.01)  # the writer has the ack and waits for company
+    await trio.testing.wait_all_tasks_blocked()  # the writer has the ack, waits for company
+    assert not ack.done
     assert await append(store, 11, "s")
     assert ack.done and ack.result() == 5
     assert store.statistics().batches_committed == before + 1  # one commit for both
@@ -812,7 +817,7 @@ async def test_a_lone_lazy_ack_commits_after_the_delay(store: Store) -> None:
     ack = await store.begin_ack_one("s", 2)
     with trio.fail_after(LAZY_COMMIT_DELAY + 5):
         while not ack.done:  # nobody waits for it, nothing else comes: it commits alone
-            await trio.sleep(0.005)
+            await trio.sleep(0.005)  # poll: waiting on the handle would hurry the commit
     assert ack.result() is True
     assert await seqs(store, "s") == [1, 3]
 

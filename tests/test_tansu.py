@@ -192,7 +192,7 @@ def test_cut_drops_connections_and_refuses_until_restore(
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=2) as open_conn:
         deadline = time.monotonic() + 2
         while proxy.connections == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
+            time.sleep(0.005)  # the proxy's thread has no event to wait on: poll
         proxy.cut()
         with contextlib.suppress(ConnectionResetError):  # a reset also means "gone"
             assert open_conn.recv(1) == b"", "the open connection ends"
