@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from functools import partial
 
 import msgpack
 import pytest
@@ -374,3 +375,33 @@ async def test_a_broker_that_only_receives_on_a_link_still_pings_so_its_peer_hea
             nursery.cancel_scope.cancel()
         assert pinged.is_set()
         await peer.aclose()
+
+
+async def test_a_peer_that_answers_peer_hello_with_garbage_does_not_stop_the_broker() -> None:
+    """A configured peer address whose listener breaks the protocol is logged and dialled
+    again later; the broker keeps serving its clients (it used to crash)."""
+    answered = 0
+    two_answers = trio.Event()
+
+    async def garbage(stream: trio.SocketStream) -> None:
+        nonlocal answered
+        async with stream:
+            await stream.receive_some(65536)  # the PEER_HELLO
+            await stream.send_all(frame({"type": "PEER_WELCOME", "version": "one"}))
+            answered += 1
+            if answered == 2:
+                two_answers.set()
+            with contextlib.suppress(trio.BrokenResourceError):
+                while await stream.receive_some(65536):
+                    pass
+
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(partial(trio.serve_tcp, garbage, 0, host="127.0.0.1"))
+        host, port = listener.socket.getsockname()[:2]
+        async with running_broker(server_id="a", peers=(f"{host}:{port}",), **FAST) as a:
+            with trio.fail_after(10):
+                await two_answers.wait()  # the dial loop survived the first answer
+                async with connect(a.addresses[0]) as client, client.subscribe("t/>") as sub:
+                    await client.publish("t/1", b"ok", confirm=True)
+                    assert (await sub.get()).payload == b"ok"
+        nursery.cancel_scope.cancel()

@@ -424,7 +424,12 @@ class Peering:
             digest={o: list(v) for o, v in self.table.digest().items()},
             keepalive=self.config.peer_keepalive,
         )
-        frame = await dial_handshake(stream, proto, hello)
+        try:
+            frame = await dial_handshake(stream, proto, hello)
+        except RemoteProtocolError as exc:  # its problem, not ours: say so, dial again later
+            log.error("peer broke the protocol", address=address, code=str(exc.code), text=exc.text)
+            await send_error(stream, proto, exc)
+            return False
         if isinstance(frame, Error):
             log.error("peer refused us", address=address, code=frame.code, text=frame.text)
             return False
