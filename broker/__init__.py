@@ -6,5 +6,6 @@ wire/    the native protocol, sans-IO
 native/  the trio front end for native clients
 mesh/    peer links, route flooding, forwarding
 client/  the native client library
-server.py listeners and shutdown; cli.py the ``topiary`` command
+server.py listens and shuts down; net.py, address.py the small shared I/O rules;
+cli.py and commands.py the ``topiary`` command
 """
