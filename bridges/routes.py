@@ -28,7 +28,7 @@ import trio
 from broker.address import parse_host_port
 from broker.errors import ErrorCode, RemoteProtocolError, refused_for_good
 from broker.log import get_logger
-from broker.mesh import Keepalive, PeerLink, dial_handshake
+from broker.mesh import Keepalive, PeerLink, dial_handshake, update_from
 from broker.net import Backoff
 from broker.wire.connection import Connection, Role
 from broker.wire.frames import (
@@ -42,7 +42,7 @@ from broker.wire.frames import (
     RouteRequest,
 )
 from routing.exchange import BROKER, OBSERVER
-from routing.linkstate import Outcome, RouteTable, Update
+from routing.linkstate import Outcome, RouteTable
 
 log = get_logger("topiary.bridge.routes")
 
@@ -206,16 +206,7 @@ class RouteWatcher:
         """Nothing to forget: ``run`` counts the loss and dials again when the link ends."""
 
     def _apply(self, link: PeerLink, table: RouteTable, frame: Route) -> None:
-        update = Update(
-            frame.origin,
-            frame.incarnation,
-            frame.seq,
-            snapshot=frame.snapshot,
-            more=frame.more,
-            neighbors=None if frame.neighbors is None else frozenset(frame.neighbors),
-            add=frame.added,
-            remove=frame.removed,
-        )
+        update = update_from(frame)
         outcome, _flood = table.apply(update, via=table.root)
         if outcome is Outcome.APPLIED:
             self.counters.updates_applied += 1

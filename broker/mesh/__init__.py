@@ -7,6 +7,7 @@ core sees it only as its ``Mesh``.
 from broker.mesh.handshake import HANDSHAKE_TIMEOUT, dial_handshake
 from broker.mesh.link import Keepalive, LinkOwner, PeerLink
 from broker.mesh.peering import PeerCounters, Peering
+from broker.mesh.translate import to_frame, update_from
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",
@@ -16,4 +17,6 @@ __all__ = [
     "PeerLink",
     "Peering",
     "dial_handshake",
+    "to_frame",
+    "update_from",
 ]

@@ -31,6 +31,7 @@ from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.mesh.handshake import dial_handshake
 from broker.mesh.link import Keepalive, PeerLink
+from broker.mesh.translate import to_frame, update_from
 from broker.net import Backoff, send_error
 from broker.wire.codec import encode_fwd
 from broker.wire.connection import Connection, Role
@@ -50,7 +51,6 @@ from broker.wire.frames import (
 from routing.exchange import BROKER, OBSERVER, RouteExchange, SyncWait
 from routing.exchange import RouteAck as AckMessage
 from routing.exchange import RouteRequest as RequestMessage
-from routing.linkstate import Update
 
 log = get_logger("topiary.peering")
 
@@ -170,7 +170,7 @@ class Peering:
                 continue
             frame = frames.get(id(message))
             if frame is None:
-                frame = frames[id(message)] = _to_frame(message)
+                frame = frames[id(message)] = to_frame(message)
             link.send_frame(frame)
 
     # -- events ------------------------------------------------------------------------------
@@ -243,16 +243,7 @@ class Peering:
             if link.role == OBSERVER:
                 return RemoteProtocolError(ErrorCode.NOT_A_PEER, "an observer sends no ROUTE")
             link.routes_in += 1
-            update = Update(
-                frame.origin,
-                frame.incarnation,
-                frame.seq,
-                snapshot=frame.snapshot,
-                more=frame.more,
-                neighbors=None if frame.neighbors is None else frozenset(frame.neighbors),
-                add=frame.added,
-                remove=frame.removed,
-            )
+            update = update_from(frame)
             before = self.table.paths()
             self.dispatch(self.exchange.receive_update(link.peer_id, update))
             if self.table.paths() is not before:
@@ -505,31 +496,6 @@ class Peering:
         counters["reachable"] = len(self.table.reachable())
         counters["remote_filters"] = len(self.table.remote)
         return counters
-
-
-def _to_frame(message: Any) -> Frame:
-    if isinstance(message, Update):
-        return Route.build(
-            origin=message.origin,
-            incarnation=message.incarnation,
-            seq=message.seq,
-            snapshot=message.snapshot,
-            more=message.more,
-            neighbors=None if message.neighbors is None else sorted(message.neighbors),
-            add=message.add,
-            remove=message.remove,
-        )
-    if isinstance(message, AckMessage):
-        return RouteAck(
-            origin=message.origin,
-            incarnation=message.incarnation,
-            seq=message.seq,
-            by=message.by,
-            hops=message.hops,
-        )
-    if isinstance(message, RequestMessage):
-        return RouteRequest(origin=message.origin)
-    raise AssertionError(message)
 
 
 __all__ = ["PeerCounters", "Peering"]

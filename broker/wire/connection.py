@@ -390,37 +390,25 @@ class Connection:
         """The bytes of MSG(sub, seq) for ``message``."""
         if self.state is not self._msg_state:
             self._refuse(Msg)
-        data = encode_msg(message, sub, seq)
-        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
-            self._too_large(Msg, len(data) - LENGTH_PREFIX)
-        return data
+        return self._fits(Msg, encode_msg(message, sub, seq))
 
     def send_puback(self, request_id: int) -> bytes:
         """The bytes of PUBACK(request_id)."""
         if self.state is not self._puback_state:
             self._refuse(PubAck)
-        data = encode_puback(request_id)
-        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
-            self._too_large(PubAck, len(data) - LENGTH_PREFIX)
-        return data
+        return self._fits(PubAck, encode_puback(request_id))
 
     def send_suback(self, request_id: int, sub_id: int) -> bytes:
         """The bytes of SUBACK(request_id, sub_id)."""
         if self.state is not self._suback_state:
             self._refuse(SubAck)
-        data = encode_suback(request_id, sub_id)
-        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
-            self._too_large(SubAck, len(data) - LENGTH_PREFIX)
-        return data
+        return self._fits(SubAck, encode_suback(request_id, sub_id))
 
     def send_unsuback(self, request_id: int) -> bytes:
         """The bytes of UNSUBACK(request_id)."""
         if self.state is not self._unsuback_state:
             self._refuse(UnsubAck)
-        data = encode_unsuback(request_id)
-        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
-            self._too_large(UnsubAck, len(data) - LENGTH_PREFIX)
-        return data
+        return self._fits(UnsubAck, encode_unsuback(request_id))
 
     def send_pub(
         self,
@@ -433,10 +421,7 @@ class Connection:
         """The bytes of a PUB; ``request_id`` asks for PUBACK. The caller checks the fields."""
         if self.state is not self._pub_state:
             self._refuse(Pub)
-        data = encode_pub(topic, payload, headers, request_id, msg_id)
-        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
-            self._too_large(Pub, len(data) - LENGTH_PREFIX)
-        return data
+        return self._fits(Pub, encode_pub(topic, payload, headers, request_id, msg_id))
 
     def send_fwd(
         self, message: Message, dedup: bool, dests: tuple[str, ...], hops: int, source: str
@@ -444,10 +429,7 @@ class Connection:
         """The bytes of a FWD carrying ``message`` to the brokers ``dests``."""
         if self.state is not self._fwd_state:
             self._refuse(Fwd)
-        data = encode_fwd(message, dedup, dests, hops, source)
-        if len(data) - LENGTH_PREFIX > self.peer_max_frame:
-            self._too_large(Fwd, len(data) - LENGTH_PREFIX)
-        return data
+        return self._fits(Fwd, encode_fwd(message, dedup, dests, hops, source))
 
     def _refuse(self, frame_type: type[Frame]) -> NoReturn:
         check_send(self.role, self.state, frame_type)  # raises, saying why
@@ -455,8 +437,12 @@ class Connection:
             ErrorCode.INTERNAL, f"{frame_type.TYPE} in state {self.state.value}: use send()"
         )
 
-    def _too_large(self, frame_type: type[Frame], size: int) -> NoReturn:
-        raise frame_too_large(frame_type.TYPE, size, self.peer_max_frame)
+    def _fits(self, frame_type: type[Frame], data: bytes) -> bytes:
+        """``data`` (a whole frame) if its body is within the peer's limit."""
+        size = len(data) - LENGTH_PREFIX
+        if size > self.peer_max_frame:
+            raise frame_too_large(frame_type.TYPE, size, self.peer_max_frame)
+        return data
 
     def send_failed(self) -> None:
         """Call when writing failed or was cancelled halfway: the stream is unusable, and
