@@ -55,32 +55,9 @@ from broker.client.waiters import Batch, BatchPart, Pending, Waiter
 from broker.errors import RemoteProtocolError, refused_for_good
 from broker.log import get_logger
 from broker.net import RECEIVE_SIZE, Backoff, receive_frame
+from broker.wire import frames
 from broker.wire.checks import MAX_MSG_ID_BYTES
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
-from broker.wire.frames import (
-    PROTOCOL_VERSION,
-    Ack,
-    DropSession,
-    Error,
-    Frame,
-    Hello,
-    Msg,
-    Ping,
-    Pong,
-    PubAck,
-    Routes,
-    RoutesReply,
-    SessionDropped,
-    Sessions,
-    SessionsReply,
-    Stats,
-    StatsReply,
-    Sub,
-    SubAck,
-    Unsub,
-    UnsubAck,
-    Welcome,
-)
 from broker.wire.states import State
 
 WRITE_BUFFER_LIMIT = 1024 * 1024
@@ -154,8 +131,8 @@ class Client:
         stream = await trio.open_tcp_stream(host, port)
         proto = Connection(Role.CLIENT)
         client_id = self.client_id or self.requested_client_id
-        hello = Hello(
-            version=PROTOCOL_VERSION,
+        hello = frames.Hello(
+            version=frames.PROTOCOL_VERSION,
             client_id=client_id,
             durable=self.durable and self.group is None,
             group=self.group,
@@ -167,9 +144,9 @@ class Client:
             event = await receive_frame(proto, stream.receive_some)
             if event is None:
                 raise ConnectionLost("the broker closed the connection during the handshake")
-            if isinstance(event, Error):
+            if isinstance(event, frames.Error):
                 raise BrokerError(event.code, event.text, event.ref)
-            assert isinstance(event, Welcome)
+            assert isinstance(event, frames.Welcome)
         except BaseException:
             await trio.aclose_forcefully(stream)
             raise
@@ -226,7 +203,7 @@ class Client:
             request_id = next(self._ids)
             waiter = Waiter(None)
             self._waiters[request_id] = waiter
-            self._write(Sub(id=request_id, filter=sub.filter, dialect=sub.dialect))
+            self._write(frames.Sub(id=request_id, filter=sub.filter, dialect=sub.dialect))
             self._renewals[request_id] = sub
         for _request_id, waiter in pending:
             if isinstance(waiter.request, bytes):
@@ -267,16 +244,16 @@ class Client:
                         continue
                 proto.receive_data(data)
                 continue
-            if event.__class__ is PubAck:  # the confirming publisher's hot path
+            if event.__class__ is frames.PubAck:  # the confirming publisher's hot path
                 waiter = self._waiters.pop(event.id, None)  # type: ignore[union-attr]
                 if waiter is not None:
                     waiter.resolve(event)  # type: ignore[arg-type]
                 continue
             if isinstance(event, ConnectionClosed):
                 return ConnectionLost("the broker closed the connection")
-            if isinstance(event, Msg):
+            if isinstance(event, frames.Msg):
                 await self._dispatch(event)
-            elif isinstance(event, Error):
+            elif isinstance(event, frames.Error):
                 error = BrokerError(event.code, event.text, event.ref)
                 waiter = self._waiters.pop(event.ref, None) if event.ref is not None else None
                 if waiter is not None:
@@ -287,21 +264,21 @@ class Client:
                     log.warning("broker error", code=event.code, text=event.text)
                 if event.closes_connection:
                     return error
-            elif isinstance(event, Ping):
-                self._write(Pong(id=event.id))
+            elif isinstance(event, frames.Ping):
+                self._write(frames.Pong(id=event.id))
             elif isinstance(
                 event,
-                SubAck
-                | UnsubAck
-                | PubAck
-                | StatsReply
-                | SessionsReply
-                | SessionDropped
-                | RoutesReply,
+                frames.SubAck
+                | frames.UnsubAck
+                | frames.PubAck
+                | frames.StatsReply
+                | frames.SessionsReply
+                | frames.SessionDropped
+                | frames.RoutesReply,
             ):
                 waiter = self._waiters.pop(event.id, None)
                 renewed = self._renewals.pop(event.id, None)
-                if renewed is not None and isinstance(event, SubAck):
+                if renewed is not None and isinstance(event, frames.SubAck):
                     renewed.sub_id = event.sub
                     self._subs[event.sub] = renewed
                 if waiter is not None:
@@ -312,7 +289,7 @@ class Client:
         """Resolve the waiters of the PUBACKs ``data`` starts with; the rest of ``data``."""
         return take_pubacks(data, self._waiters)
 
-    async def _dispatch(self, frame: Msg) -> None:
+    async def _dispatch(self, frame: frames.Msg) -> None:
         message = Message(
             topic=frame.topic,
             payload=frame.payload,
@@ -349,7 +326,7 @@ class Client:
     async def _keepalive_loop(self) -> None:
         while True:
             await trio.sleep(self.keepalive)
-            self._write(Ping(id=0))
+            self._write(frames.Ping(id=0))
 
     def _fail(self, error: Exception) -> None:
         self._failure = error
@@ -362,7 +339,7 @@ class Client:
 
     # -- requests ------------------------------------------------------------------------
 
-    def _write(self, frame: Frame) -> None:
+    def _write(self, frame: frames.Frame) -> None:
         self._out += self._proto.send(frame)
         if len(self._out) > WRITE_BUFFER_LIMIT:
             self._out_drained = trio.Event()
@@ -378,7 +355,7 @@ class Client:
             raise self._failure
         await self._out_drained.wait()
 
-    async def _request(self, make: Any) -> Frame:
+    async def _request(self, make: Any) -> frames.Frame:
         await self._ready()
         request_id = next(self._ids)
         frame = make(request_id)
@@ -481,19 +458,19 @@ class Client:
         broker will not send them again. A shared-group member acknowledges each message it
         has processed with ``single=True`` (cumulative acks cover only what it holds)."""
         await self._ready()
-        self._write(Ack(seq=seq, single=single))
+        self._write(frames.Ack(seq=seq, single=single))
         await trio.lowlevel.checkpoint_if_cancelled()
 
     async def sessions(self) -> list[dict[str, Any]]:
         """The broker's durable sessions, as operators see them."""
-        reply = await self._request(lambda rid: Sessions(id=rid))
-        assert isinstance(reply, SessionsReply)
+        reply = await self._request(lambda rid: frames.Sessions(id=rid))
+        assert isinstance(reply, frames.SessionsReply)
         return reply.sessions
 
     async def drop_session(self, client_id: str) -> bool:
         """Delete a durable session and its stored messages; False if there was none."""
-        reply = await self._request(lambda rid: DropSession(id=rid, client_id=client_id))
-        assert isinstance(reply, SessionDropped)
+        reply = await self._request(lambda rid: frames.DropSession(id=rid, client_id=client_id))
+        assert isinstance(reply, frames.SessionDropped)
         if client_id == self.client_id:
             self.durable = False
         return reply.dropped
@@ -504,14 +481,14 @@ class Client:
         return await self.drop_session(self.client_id)
 
     async def stats(self) -> dict[str, Any]:
-        reply = await self._request(lambda rid: Stats(id=rid))
-        assert isinstance(reply, StatsReply)
+        reply = await self._request(lambda rid: frames.Stats(id=rid))
+        assert isinstance(reply, frames.StatsReply)
         return reply.stats
 
     async def routes(self) -> dict[str, Any]:
         """The broker's route table (peer links, origins, next hops), as operators see it."""
-        reply = await self._request(lambda rid: Routes(id=rid))
-        assert isinstance(reply, RoutesReply)
+        reply = await self._request(lambda rid: frames.Routes(id=rid))
+        assert isinstance(reply, frames.RoutesReply)
         return reply.routes
 
     async def ping(self) -> None:
@@ -537,12 +514,12 @@ class Client:
         self._local.add(filter, sub, dialect)
         try:
             reply = await self._request(
-                lambda rid: Sub(id=rid, filter=filter, dialect=dialect, sync=sync)
+                lambda rid: frames.Sub(id=rid, filter=filter, dialect=dialect, sync=sync)
             )
         except BaseException:
             self._local.remove(filter, sub, dialect)
             raise
-        assert isinstance(reply, SubAck)
+        assert isinstance(reply, frames.SubAck)
         sub.sub_id = reply.sub
         self._subs[reply.sub] = sub
         self._active.append(sub)
@@ -567,7 +544,7 @@ class Client:
                         trio.move_on_after(5),
                         suppress(BrokerError, ConnectionLost),
                     ):
-                        await self._request(lambda rid: Unsub(id=rid, sub=sub.sub_id))
+                        await self._request(lambda rid: frames.Unsub(id=rid, sub=sub.sub_id))
 
     async def _claim(self, sub: Subscription) -> None:
         """Hand a new subscription the messages that arrived for it before it existed."""
