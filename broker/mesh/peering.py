@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
@@ -99,6 +100,14 @@ class Peering:
         self._changed = trio.Event()
         self._dialled: dict[str, str] = {}  # configured address -> the peer id found there
         self._nursery: trio.Nursery | None = None
+        # Every link, dialled or accepted, is paced and bounded by this broker's config.
+        self._new_link = partial(
+            PeerLink,
+            self,
+            keepalive=Keepalive.for_interval(self.config.peer_keepalive),
+            max_events=self.config.peer_queue_messages,
+            max_event_bytes=self.config.peer_queue_bytes,
+        )
         if self.config.peers:
             self.activate()
 
@@ -358,7 +367,7 @@ class Peering:
         if self.exchange.dirty:
             self.flush_now()
         await stream.send_all(proto.send(self._welcome()))
-        link = self._link(
+        link = self._new_link(
             stream, proto, hello.broker_id, hello.role, hello.incarnation,
             dialled_by=hello.broker_id, address=address, digest=hello.digest,
         )  # fmt: skip
@@ -435,33 +444,12 @@ class Peering:
                 RemoteProtocolError(ErrorCode.BROKER_ID_CLASH, "you have my broker id"),
             )
             return False
-        link = self._link(
+        link = self._new_link(
             stream, proto, frame.broker_id, BROKER, frame.incarnation,
             dialled_by=self.self_id, address=address, digest=frame.digest,
         )  # fmt: skip
         await self._serve_link(link)
         return True
-
-    def _link(
-        self,
-        stream: trio.abc.Stream,
-        proto: Connection,
-        peer_id: str,
-        role: str,
-        incarnation: int,
-        *,
-        dialled_by: str,
-        address: str,
-        digest: dict[str, list[int]],
-    ) -> PeerLink:
-        """A link paced and bounded by this broker's config."""
-        config = self.config
-        return PeerLink(
-            self, stream, proto, peer_id, role, incarnation,
-            dialled_by=dialled_by, address=address, digest=digest,
-            keepalive=Keepalive.for_interval(config.peer_keepalive),
-            max_events=config.peer_queue_messages, max_event_bytes=config.peer_queue_bytes,
-        )  # fmt: skip
 
     async def _serve_link(self, link: PeerLink) -> None:
         """Register a link whose handshake is done and serve it, or refuse a duplicate."""
