@@ -3,7 +3,9 @@
 A publisher that asks for confirmation may pipeline: its PUBs are routed at once, but a
 PUB with durable subscribers is confirmed only after the store has committed it, and a
 PUBACK must never overtake an earlier one. So confirms wait in one queue, and one task
-answers them from the front, as their commits complete.
+answers them from the front, as their commits complete. A commit may complete after the
+connection began to close (the client's closing ERROR, or ours written): then nothing
+more may be sent, and what is still owed is dropped (the client reconnects and resends).
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ import trio
 from broker.core import Session
 from broker.errors import ErrorCode
 from broker.store import Pending, StoreError
-from broker.wire.codec import encode_puback
 from broker.wire.connection import Connection
-from broker.wire.frames import Error
+from broker.wire.frames import Error, PubAck
 
 
 class Confirms:
@@ -40,8 +41,8 @@ class Confirms:
         waiting (then behind them, to keep the order)."""
         if self._waiting:
             self.after(None, request_id)
-        else:
-            self.session.send_control(encode_puback(request_id))
+        elif self.proto.may_send(PubAck):  # else the connection is closing: nobody to tell
+            self.session.send_control(self.proto.send_puback(request_id))
 
     async def run(self) -> None:
         """Send PUBACKs (or ERROR INTERNAL for a PUB the store failed) as commits complete."""
@@ -55,12 +56,16 @@ class Confirms:
             if pending is not None and not pending.done:
                 with contextlib.suppress(StoreError):
                     await pending.wait()  # the outcome is read below
+            if not self.proto.may_send(PubAck):  # closing: nobody to answer any more
+                waiting.clear()
+                continue
             # One commit resolves a whole batch: answer every confirm that is ready now, in
             # one go (one queued write), instead of one per scheduler round.
+            send_puback = self.proto.send_puback
             replies: list[bytes] = []
             while waiting and (waiting[0][0] is None or waiting[0][0].done):
                 pending, request_id = waiting.popleft()
-                reply = encode_puback(request_id)
+                reply = send_puback(request_id)
                 if pending is not None:
                     try:
                         pending.result()

@@ -65,6 +65,7 @@ class ClientConnection:
         self._reader_scope = trio.CancelScope()
         self._handshake_scope = trio.CancelScope()
         self._writer_done = trio.Event()
+        self._last_word: Error | None = None  # the closing ERROR, written after the queue
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -152,7 +153,9 @@ class ClientConnection:
         if reason.code == ErrorCode.SLOW_CONSUMER:
             session.discard_messages()
         self.broker.counters.errors[str(reason.code)] += 1
-        session.send_control(self.proto.send(Error.from_exception(reason)))
+        # The writer says it last, after what is queued: so the protocol object sees every
+        # frame in the order it goes out, and nothing follows the ERROR on the wire.
+        self._last_word = Error.from_exception(reason)
         ending.told()
         session.wake()
         if reason.code == ErrorCode.SHUTTING_DOWN:
@@ -209,11 +212,18 @@ class ClientConnection:
         counters = self.broker.counters
         try:
             while True:
-                if session.needs_fill():
+                # A gap before a queued message is filled from the store; once the ERROR is
+                # due, what was never queued stays in the store for the next connection.
+                if session.needs_fill() and (session.queued or not self.ending.telling):
                     await self._fill_from_store(session)
                     continue
                 if not session.queued:
                     if self.ending.telling:
+                        if self._last_word is not None:
+                            data = self.proto.send(self._last_word)
+                            self._last_word = None
+                            await self.stream.send_all(data)
+                            counters.bytes_sent += len(data)
                         return
                     await session.wait_data()
                     continue

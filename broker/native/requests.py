@@ -23,7 +23,6 @@ from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.log import get_logger
 from broker.native.confirms import Confirms
 from broker.store import StoreError
-from broker.wire.codec import encode_suback, encode_unsuback
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, NeedData
 from broker.wire.frames import (
     Ack,
@@ -156,7 +155,7 @@ class Requests:
             end += 1
         frames = events[start:end]
         sub_ids = self.broker.subscribe_many(self.session, [frame.parsed for frame in frames])
-        replies = map(encode_suback, [frame.id for frame in frames], sub_ids)
+        replies = map(self.proto.send_suback, [frame.id for frame in frames], sub_ids)
         self.session.send_control(b"".join(replies))
         return end
 
@@ -171,7 +170,7 @@ class Requests:
         parts = []
         for frame, ok in zip(frames, dropped, strict=True):
             if ok:
-                parts.append(encode_unsuback(frame.id))
+                parts.append(self.proto.send_unsuback(frame.id))
             else:
                 exc = RemoteProtocolError(
                     ErrorCode.UNKNOWN_SUBSCRIPTION,
@@ -218,7 +217,7 @@ class Requests:
             session if self.member is None and self._joining is None else self._owner()
         )  # (most sessions are nobody's group member: no call for them)
         sub_id = broker.subscribe(owner, frame.parsed)
-        reply = encode_suback(frame.id, sub_id)
+        reply = self.proto.send_suback(frame.id, sub_id)
         sync = frame.sync and broker.peering.active
         if owner.durable:
             self._later.append(
@@ -233,7 +232,7 @@ class Requests:
         owner = self._owner()
         ref = owner.subs.get(frame.sub)
         if self.broker.unsubscribe(owner, frame.sub):
-            reply = encode_unsuback(frame.id)
+            reply = self.proto.send_unsuback(frame.id)
             if owner.durable and ref is not None and not ref.sub_ids:
                 flt = routing.parse_filter(ref.filter, ref.dialect)
                 self._later.append((self._store_filter, (owner, flt, False, reply)))

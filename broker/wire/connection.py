@@ -82,6 +82,7 @@ from broker.wire.states import (
     INITIAL_STATE,
     OPEN,
     PEER_OPEN,
+    SEND,
     Role,
     State,
     check_readable,
@@ -346,6 +347,11 @@ class Connection:
         self._error = exc
         self.state = ERROR
         raise exc
+
+    def may_send(self, frame_type: type[Frame]) -> bool:
+        """Whether a ``frame_type`` may be sent now (for a task that answers late, after the
+        connection may have begun to close: it asks instead of being refused)."""
+        return frame_type in SEND.get((self.role, self.state), ())
 
     def send(self, frame: Frame) -> bytes:
         """The bytes to write for ``frame`` (length prefix included).
