@@ -223,13 +223,9 @@ def test_route_keeps_its_filters_parsed(route: frames.Route) -> None:
     assert isinstance(decoded, frames.Route)
     assert decoded.added == tuple(routing.parse_filter(t, d) for t, d in route.add)
     assert decoded.removed == tuple(routing.parse_filter(t, d) for t, d in route.remove)
+    header = ("origin", "incarnation", "seq", "snapshot", "more", "neighbors")  # all but filters
     built = frames.Route.build(
-        origin=route.origin,
-        incarnation=route.incarnation,
-        seq=route.seq,
-        snapshot=route.snapshot,
-        more=route.more,
-        neighbors=route.neighbors,
+        **{name: getattr(route, name) for name in header},
         add=decoded.added,
         remove=decoded.removed,
     )
