@@ -10,39 +10,23 @@ import msgpack
 from hypothesis import strategies as st
 
 from broker.errors import ErrorCode
+from broker.wire import frames
 from broker.wire.buffer import add_length_prefix
 from broker.wire.checks import U64_MAX
 from broker.wire.codec import encode_frame
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
-from broker.wire.frames import (
-    PROTOCOL_VERSION,
-    Ack,
-    DropSession,
-    Error,
-    Frame,
-    Hello,
-    Msg,
-    Ping,
-    Pong,
-    Pub,
-    PubAck,
-    Sessions,
-    Stats,
-    StatsReply,
-    Sub,
-    SubAck,
-    Unsub,
-    UnsubAck,
-    Welcome,
-)
 
 #: Appended by the "trailing" chunking: a length prefix and part of a body that never ends,
 #: so the frame under test must come out alone and these bytes must stay buffered.
 TRAILING = b"\x00\x00\x00\x10partial"
 
-DEFAULT_HELLO = Hello(version=PROTOCOL_VERSION, client_id="c1")
-DEFAULT_WELCOME = Welcome(
-    version=PROTOCOL_VERSION, client_id="c1", server_id="s1", max_frame=1 << 20, keepalive=30.0
+DEFAULT_HELLO = frames.Hello(version=frames.PROTOCOL_VERSION, client_id="c1")
+DEFAULT_WELCOME = frames.Welcome(
+    version=frames.PROTOCOL_VERSION,
+    client_id="c1",
+    server_id="s1",
+    max_frame=1 << 20,
+    keepalive=30.0,
 )
 
 
@@ -51,7 +35,7 @@ def wire(fields: dict[str, Any]) -> bytes:
     return add_length_prefix(msgpack.packb(fields, use_bin_type=True))
 
 
-def framed(frame: Frame) -> bytes:
+def framed(frame: frames.Frame) -> bytes:
     """The wire bytes of a valid frame, length prefix included."""
     return add_length_prefix(encode_frame(frame))
 
@@ -132,26 +116,30 @@ class ProtocolPair:
             return self.client, self.server
         return self.server, self.client
 
-    def send(self, sender: Role, *frames: Frame, chunking: str = "whole") -> list[Frame]:
-        """Send ``frames`` from ``sender``, deliver them, return what the other end decoded.
+    def send(
+        self, sender: Role, *sent: frames.Frame, chunking: str = "whole"
+    ) -> list[frames.Frame]:
+        """Send ``sent`` from ``sender``, deliver it all, return what the other end decoded.
 
         ``chunking`` is "whole" or "bytewise" (trailing bytes would corrupt the link)."""
         src, dst = self.ends(sender)
-        data = src.send_many(frames) if len(frames) > 1 else src.send(frames[0])
+        data = src.send_many(sent) if len(sent) > 1 else src.send(sent[0])
         assert chunking in ("whole", "bytewise"), chunking
         chunks = chunked(chunking, data)
         received = feed(dst, chunks)
-        assert received == list(frames)
+        assert received == list(sent)
         assert src.state is dst.state, (src, dst)
         return received  # type: ignore[return-value]
 
-    def client_sends(self, *frames: Frame, chunking: str = "whole") -> list[Frame]:
-        return self.send(Role.CLIENT, *frames, chunking=chunking)
+    def client_sends(self, *sent: frames.Frame, chunking: str = "whole") -> list[frames.Frame]:
+        return self.send(Role.CLIENT, *sent, chunking=chunking)
 
-    def server_sends(self, *frames: Frame, chunking: str = "whole") -> list[Frame]:
-        return self.send(Role.SERVER, *frames, chunking=chunking)
+    def server_sends(self, *sent: frames.Frame, chunking: str = "whole") -> list[frames.Frame]:
+        return self.send(Role.SERVER, *sent, chunking=chunking)
 
-    def handshake(self, hello: Frame = DEFAULT_HELLO, welcome: Frame = DEFAULT_WELCOME) -> None:
+    def handshake(
+        self, hello: frames.Frame = DEFAULT_HELLO, welcome: frames.Frame = DEFAULT_WELCOME
+    ) -> None:
         self.client_sends(hello)
         self.server_sends(welcome)
         assert self.client.state is self.server.state is State.OPEN
@@ -201,37 +189,39 @@ plain_maps = st.dictionaries(names, plain_values, max_size=4)
 
 CLIENT_FRAMES = st.one_of(
     st.builds(
-        Sub,
+        frames.Sub,
         id=uints,
         filter=native_filters,
         dialect=st.just("native"),
         sync=st.booleans(),
     ),
-    st.builds(Sub, id=uints, filter=mqtt_filters, dialect=st.just("mqtt"), sync=st.booleans()),
-    st.builds(Unsub, id=uints, sub=uints),
     st.builds(
-        Pub,
+        frames.Sub, id=uints, filter=mqtt_filters, dialect=st.just("mqtt"), sync=st.booleans()
+    ),
+    st.builds(frames.Unsub, id=uints, sub=uints),
+    st.builds(
+        frames.Pub,
         topic=topics,
         payload=st.binary(max_size=64),
         headers=headers,
         id=st.none() | uints,
         msg_id=st.none() | msg_ids,
     ),
-    st.builds(Ack, seq=uints, single=st.booleans()),
-    st.builds(Ping, id=uints),
-    st.builds(Pong, id=uints),
-    st.builds(Stats, id=uints),
-    st.builds(Sessions, id=uints),
-    st.builds(DropSession, id=uints, client_id=st.text(max_size=10)),
+    st.builds(frames.Ack, seq=uints, single=st.booleans()),
+    st.builds(frames.Ping, id=uints),
+    st.builds(frames.Pong, id=uints),
+    st.builds(frames.Stats, id=uints),
+    st.builds(frames.Sessions, id=uints),
+    st.builds(frames.DropSession, id=uints, client_id=st.text(max_size=10)),
     # Request-level codes only: a closing ERROR ends the conversation (see ERROR_FRAMES).
-    st.builds(Error, code=st.sampled_from(["INVALID_ACK", "PAYLOAD_TOO_LARGE"]), text=names),
+    st.builds(frames.Error, code=st.sampled_from(["INVALID_ACK", "PAYLOAD_TOO_LARGE"]), text=names),
 )
 SERVER_FRAMES = st.one_of(
-    st.builds(SubAck, id=uints, sub=uints),
-    st.builds(UnsubAck, id=uints),
-    st.builds(PubAck, id=uints),
+    st.builds(frames.SubAck, id=uints, sub=uints),
+    st.builds(frames.UnsubAck, id=uints),
+    st.builds(frames.PubAck, id=uints),
     st.builds(
-        Msg,
+        frames.Msg,
         sub=uints,
         seq=uints,
         topic=topics,
@@ -239,11 +229,11 @@ SERVER_FRAMES = st.one_of(
         headers=headers,
         msg_id=msg_ids,
     ),
-    st.builds(Ping, id=uints),
-    st.builds(Pong, id=uints),
-    st.builds(StatsReply, id=uints, stats=plain_maps),
+    st.builds(frames.Ping, id=uints),
+    st.builds(frames.Pong, id=uints),
+    st.builds(frames.StatsReply, id=uints, stats=plain_maps),
     st.builds(
-        Error,
+        frames.Error,
         code=st.sampled_from(["INVALID_FILTER", "UNKNOWN_SUBSCRIPTION"]),
         text=names,
         ref=st.none() | uints,
@@ -251,7 +241,7 @@ SERVER_FRAMES = st.one_of(
 )
 HANDSHAKE_FRAMES = st.one_of(
     st.builds(
-        Hello,
+        frames.Hello,
         version=uints,
         client_id=st.none() | names,
         durable=st.booleans(),
@@ -260,7 +250,7 @@ HANDSHAKE_FRAMES = st.one_of(
         keepalive=st.none() | seconds,
     ),
     st.builds(
-        Welcome,
+        frames.Welcome,
         version=uints,
         client_id=names,
         server_id=names,
@@ -270,7 +260,7 @@ HANDSHAKE_FRAMES = st.one_of(
     ),
 )
 ERROR_FRAMES = st.builds(
-    Error,
+    frames.Error,
     code=st.sampled_from(list(ErrorCode)) | st.text(min_size=1, max_size=12),
     text=names,
     ref=st.none() | uints,

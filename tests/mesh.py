@@ -202,18 +202,19 @@ class Mesh(BrokerMesh):
 
     async def fwd_out(self) -> dict[tuple[str, str], int]:
         """FWD frames sent per directed link ``(from, to)``, from every running broker."""
-        counts = {}
-        for node in sorted(self.alive()):
-            for peer, link in (await self.stats(node)).get("peering", {}).get("links", {}).items():
-                counts[node, peer] = link["fwd_out"]
-        return counts
+        return await self._per_link("fwd_out")
 
     async def fwd_in(self) -> dict[tuple[str, str], int]:
         """FWD frames received per directed link ``(from, to)``."""
+        received = await self._per_link("fwd_in")
+        return {(peer, node): count for (node, peer), count in received.items()}
+
+    async def _per_link(self, counter: str) -> dict[tuple[str, str], int]:
+        """Each running broker's ``counter`` for each of its links, keyed ``(broker, peer)``."""
         counts = {}
         for node in sorted(self.alive()):
             for peer, link in (await self.stats(node)).get("peering", {}).get("links", {}).items():
-                counts[peer, node] = link["fwd_in"]
+                counts[node, peer] = link[counter]
         return counts
 
     def expected_reachable(self) -> dict[str, set[str]]:

@@ -21,6 +21,14 @@ async def publish(address, topic: str, payloads: list[str]) -> None:
             await p.publish(topic, payload, confirm=True)
 
 
+async def leave_a_session(address, client_id: str, pattern: str) -> None:
+    """Open durable session ``client_id`` subscribed to ``pattern``, then go away: from here on
+    the broker stores what matches for it."""
+    async with connect(address, client_id=client_id, durable=True) as c:
+        async with c.subscribe(pattern):
+            await c.ping()
+
+
 async def test_durable_subscriber_gets_exactly_what_it_missed_in_order(tmp_path: Path) -> None:
     async with running_broker(data_dir=str(tmp_path)) as server:
         address = server.addresses[0]
@@ -65,9 +73,7 @@ async def test_nothing_acked_is_sent_again(tmp_path: Path) -> None:
 async def test_sessions_and_their_messages_survive_a_broker_restart(tmp_path: Path) -> None:
     async with running_broker(data_dir=str(tmp_path)) as server:
         address = server.addresses[0]
-        async with connect(address, client_id="svc-c", durable=True) as c:
-            async with c.subscribe("keep/>"):
-                await c.ping()
+        await leave_a_session(address, "svc-c", "keep/>")
         await publish(address, "keep/1", ["while away 1", "while away 2"])
     async with running_broker(data_dir=str(tmp_path)) as server:
         address = server.addresses[0]
@@ -151,9 +157,7 @@ async def test_ack_of_a_sequence_never_delivered_is_refused(tmp_path: Path) -> N
 async def test_drop_oldest_keeps_the_newest_within_quota(tmp_path: Path) -> None:
     async with running_broker(data_dir=str(tmp_path), session_max_messages=5) as server:
         address = server.addresses[0]
-        async with connect(address, client_id="q1", durable=True) as c:
-            async with c.subscribe("q/>"):
-                await c.ping()
+        await leave_a_session(address, "q1", "q/>")
         await publish(address, "q/1", [str(i) for i in range(12)])
         async with connect(address, client_id="q1", durable=True) as c:
             async with c.subscribe("q/>") as sub:
@@ -167,9 +171,7 @@ async def test_drop_oldest_keeps_the_newest_within_quota(tmp_path: Path) -> None
 async def test_byte_quota_counts_payload_bytes(tmp_path: Path) -> None:
     async with running_broker(data_dir=str(tmp_path), session_max_bytes=1000) as server:
         address = server.addresses[0]
-        async with connect(address, client_id="q2", durable=True) as c:
-            async with c.subscribe("b/>"):
-                await c.ping()
+        await leave_a_session(address, "q2", "b/>")
         await publish(address, "b/1", [f"{i}" * 400 for i in range(4)])
         async with connect(address, client_id="q2", durable=True) as c:
             async with c.subscribe("b/>") as sub:
@@ -184,9 +186,7 @@ async def test_reject_publish_refuses_the_publisher_until_the_session_catches_up
     settings = {"session_max_messages": 3, "overflow": "reject-publish"}
     async with running_broker(data_dir=str(tmp_path), **settings) as server:
         address = server.addresses[0]
-        async with connect(address, client_id="q3", durable=True) as c:
-            async with c.subscribe("j/>"):
-                await c.ping()
+        await leave_a_session(address, "q3", "j/>")
         async with connect(address) as watcher, watcher.subscribe("j/>") as live:
             await publish(address, "j/1", ["a", "b", "c"])
             async with connect(address) as p:
@@ -209,9 +209,7 @@ async def test_reject_publish_refuses_the_publisher_until_the_session_catches_up
 async def test_a_backlog_larger_than_the_subscription_buffer_is_delivered(tmp_path: Path) -> None:
     async with running_broker(data_dir=str(tmp_path)) as server:
         address = server.addresses[0]
-        async with connect(address, client_id="big", durable=True) as c:
-            async with c.subscribe("big/>"):
-                await c.ping()
+        await leave_a_session(address, "big", "big/>")
         async with connect(address) as p:
             for i in range(5000):
                 await p.publish("big/x", str(i), confirm=(i == 4999))
@@ -224,9 +222,7 @@ async def test_a_backlog_larger_than_the_subscription_buffer_is_delivered(tmp_pa
 async def test_operators_list_and_drop_durable_sessions(tmp_path: Path) -> None:
     async with running_broker(data_dir=str(tmp_path)) as server:
         address = server.addresses[0]
-        async with connect(address, client_id="ops-1", durable=True) as c:
-            async with c.subscribe("ops/>"):
-                await c.ping()
+        await leave_a_session(address, "ops-1", "ops/>")
         await publish(address, "ops/1", ["kept"])
         async with connect(address) as admin:
             (info,) = await admin.sessions()

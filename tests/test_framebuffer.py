@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -179,28 +181,25 @@ def test_any_split_of_a_stream_yields_the_same_bodies(
     assert buf.next_frame() is None
 
 
-def _drain_one_by_one(buf: FrameBuffer) -> list[bytes | str]:
+def _drain(take: Callable[[], list[bytes]]) -> list[bytes | str]:
+    """What ``take`` returns until it returns nothing, then the error code if it raised."""
     out: list[bytes | str] = []
     while True:
         try:
-            body = buf.next_frame()
-        except RemoteProtocolError as exc:
-            return [*out, str(exc.code)]
-        if body is None:
-            return out
-        out.append(body)
-
-
-def _drain_in_batches(buf: FrameBuffer) -> list[bytes | str]:
-    out: list[bytes | str] = []
-    while True:
-        try:
-            bodies = buf.next_frames()
+            bodies = take()
         except RemoteProtocolError as exc:
             return [*out, str(exc.code)]
         if not bodies:
             return out
         out += bodies
+
+
+def _drain_one_by_one(buf: FrameBuffer) -> list[bytes | str]:
+    return _drain(lambda: [] if (body := buf.next_frame()) is None else [body])
+
+
+def _drain_in_batches(buf: FrameBuffer) -> list[bytes | str]:
+    return _drain(buf.next_frames)
 
 
 @settings(deadline=None)

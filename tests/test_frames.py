@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import broker.wire.frames as frames_module
 from broker.errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
+from broker.wire import frames
 from broker.wire.buffer import FrameBuffer
 from broker.wire.checks import MAX_MSG_ID_BYTES, U64_MAX
 from broker.wire.codec import (
@@ -25,32 +25,6 @@ from broker.wire.codec import (
     fast_unsuback,
 )
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
-from broker.wire.frames import (
-    FRAME_TYPES,
-    PROTOCOL_VERSION,
-    Ack,
-    DropSession,
-    Error,
-    Frame,
-    Fwd,
-    Hello,
-    PeerHello,
-    PeerWelcome,
-    Ping,
-    Pong,
-    Pub,
-    PubAck,
-    Route,
-    RouteAck,
-    RouteRequest,
-    Routes,
-    Sessions,
-    Stats,
-    StatsReply,
-    Sub,
-    Unsub,
-    Welcome,
-)
 from tests.helpers import (
     ANY_FRAME,
     DEFAULT_HELLO,
@@ -113,11 +87,23 @@ VALID: dict[str, dict[str, Any]] = {
     },
 }
 
-_CLIENT_SENT = {Sub, Unsub, Pub, Ack, Ping, Pong, Stats, Sessions, DropSession, Routes, Error}
-_PEER_LINK = {Route, RouteRequest, RouteAck, Fwd}
-DEFAULT_PEER_HELLO = PeerHello(version=PROTOCOL_VERSION, broker_id="b", incarnation=7)
-DEFAULT_PEER_WELCOME = PeerWelcome(
-    version=PROTOCOL_VERSION, broker_id="a", incarnation=5, max_frame=1 << 20, keepalive=2.0
+_CLIENT_SENT = {
+    frames.Sub,
+    frames.Unsub,
+    frames.Pub,
+    frames.Ack,
+    frames.Ping,
+    frames.Pong,
+    frames.Stats,
+    frames.Sessions,
+    frames.DropSession,
+    frames.Routes,
+    frames.Error,
+}
+_PEER_LINK = {frames.Route, frames.RouteRequest, frames.RouteAck, frames.Fwd}
+DEFAULT_PEER_HELLO = frames.PeerHello(version=frames.PROTOCOL_VERSION, broker_id="b", incarnation=7)
+DEFAULT_PEER_WELCOME = frames.PeerWelcome(
+    version=frames.PROTOCOL_VERSION, broker_id="a", incarnation=5, max_frame=1 << 20, keepalive=2.0
 )
 
 
@@ -131,15 +117,15 @@ def open_peer_server() -> Connection:
     return server
 
 
-def receiver_for(cls: type[Frame]) -> Connection:
+def receiver_for(cls: type[frames.Frame]) -> Connection:
     """A fresh Connection in a state that accepts ``cls`` from its peer."""
-    if cls in (Hello, PeerHello):
+    if cls in (frames.Hello, frames.PeerHello):
         return Connection(Role.SERVER)
-    if cls is Welcome:
+    if cls is frames.Welcome:
         client = Connection(Role.CLIENT)
         client.send(DEFAULT_HELLO)
         return client
-    if cls is PeerWelcome:
+    if cls is frames.PeerWelcome:
         dialer = Connection(Role.PEER)
         dialer.send(DEFAULT_PEER_HELLO)
         return dialer
@@ -167,7 +153,7 @@ def feed(conn: Connection, chunks: list[bytes]) -> list[Event]:
     return events
 
 
-def decode_every_way(fields: dict[str, Any]) -> Frame:
+def decode_every_way(fields: dict[str, Any]) -> frames.Frame:
     """Decode a wire map with decode_frame and through a Connection fed whole, byte by byte
     and with trailing bytes; all must agree."""
     data = wire(fields)
@@ -187,7 +173,7 @@ def reject_every_way(fields: dict[str, Any] | bytes) -> RemoteProtocolError:
         decode_frame(body)
     expected = info.value
     wire_type = fields.get("type") if isinstance(fields, dict) else None
-    cls = FRAME_TYPES.get(wire_type) if isinstance(wire_type, str) else None
+    cls = frames.FRAME_TYPES.get(wire_type) if isinstance(wire_type, str) else None
     for name, chunks in chunkings(data):
         conn = receiver_for(cls) if cls is not None else open_server()
         with pytest.raises(RemoteProtocolError) as info:
@@ -207,13 +193,13 @@ def with_type(wire_type: str, **changes: Any) -> dict[str, Any]:
 def test_frame_types_map_every_frame_class_and_back() -> None:
     classes = {
         obj
-        for obj in vars(frames_module).values()
-        if isinstance(obj, type) and issubclass(obj, Frame) and obj is not Frame
+        for obj in vars(frames).values()
+        if isinstance(obj, type) and issubclass(obj, frames.Frame) and obj is not frames.Frame
     }
-    assert set(FRAME_TYPES.values()) == classes
-    for wire_type, cls in FRAME_TYPES.items():
+    assert set(frames.FRAME_TYPES.values()) == classes
+    for wire_type, cls in frames.FRAME_TYPES.items():
         assert wire_type == cls.TYPE
-    assert set(VALID) == set(FRAME_TYPES)
+    assert set(VALID) == set(frames.FRAME_TYPES)
 
 
 @pytest.mark.parametrize("wire_type", sorted(VALID))
@@ -224,33 +210,33 @@ def test_every_minimal_frame_decodes_every_way(wire_type: str) -> None:
 
 
 def test_frames_are_frozen_and_keyword_only() -> None:
-    ack = Ack(seq=1)
+    ack = frames.Ack(seq=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ack.seq = 2  # type: ignore[misc]
     with pytest.raises(TypeError):
-        Ack(1)  # type: ignore[misc]
+        frames.Ack(1)  # type: ignore[misc]
 
 
 def test_none_fields_are_left_off_the_wire_and_come_back_as_defaults() -> None:
-    body = encode_frame(Pub(topic="a/b", payload=b"x"))
+    body = encode_frame(frames.Pub(topic="a/b", payload=b"x"))
     assert msgpack.unpackb(body) == {"type": "PUB", "topic": "a/b", "payload": b"x"}
-    assert decode_frame(body) == Pub(topic="a/b", payload=b"x", headers=None, id=None)
+    assert decode_frame(body) == frames.Pub(topic="a/b", payload=b"x", headers=None, id=None)
 
 
 def test_explicit_nil_for_an_optional_field_is_the_default() -> None:
-    assert decode_every_way(with_type("PUB", id=None, headers=None)) == Pub(
+    assert decode_every_way(with_type("PUB", id=None, headers=None)) == frames.Pub(
         topic="a/b", payload=b"x"
     )
 
 
 def test_unknown_keys_are_ignored_for_forward_compatibility() -> None:
     frame = decode_every_way(with_type("ACK", future_field=[1, 2], priority=7))
-    assert frame == Ack(seq=3)
+    assert frame == frames.Ack(seq=3)
 
 
 def test_defaults_apply_when_optional_fields_are_missing() -> None:
-    assert decode_every_way(with_type("SUB")) == Sub(id=1, filter="a/>", dialect="native")
-    assert decode_every_way({"type": "PING"}) == Ping(id=0)
+    assert decode_every_way(with_type("SUB")) == frames.Sub(id=1, filter="a/>", dialect="native")
+    assert decode_every_way({"type": "PING"}) == frames.Ping(id=0)
 
 
 # -- bad bodies ------------------------------------------------------------------------------
@@ -420,7 +406,7 @@ def test_wrong_field_type_is_bad_frame(
 
 def test_building_a_bad_frame_locally_is_a_local_error_with_the_same_message() -> None:
     with pytest.raises(LocalProtocolError) as info:
-        Ack(seq="1")  # type: ignore[arg-type]
+        frames.Ack(seq="1")  # type: ignore[arg-type]
     assert (info.value.code, info.value.text) == (
         ErrorCode.BAD_FRAME,
         "ACK field 'seq' must be int, got str",
@@ -431,41 +417,41 @@ def test_building_a_bad_frame_locally_is_a_local_error_with_the_same_message() -
 @pytest.mark.parametrize("value", [-1, U64_MAX + 1])
 def test_integers_outside_u64_are_refused(value: int) -> None:
     with pytest.raises(LocalProtocolError, match=r"must be in 0\.\.2\*\*64-1"):
-        PubAck(id=value)
+        frames.PubAck(id=value)
 
 
 def test_largest_u64_is_accepted() -> None:
-    assert decode_frame(encode_frame(PubAck(id=U64_MAX))) == PubAck(id=U64_MAX)
+    assert decode_frame(encode_frame(frames.PubAck(id=U64_MAX))) == frames.PubAck(id=U64_MAX)
 
 
 @pytest.mark.parametrize("payload", [bytearray(b"x"), memoryview(b"x"), "x"])
 def test_payload_must_be_exactly_bytes(payload: Any) -> None:
     with pytest.raises(LocalProtocolError, match="must be bytes"):
-        Pub(topic="a", payload=payload)
+        frames.Pub(topic="a", payload=payload)
 
 
 def test_keepalive_sent_as_an_int_is_stored_as_float() -> None:
     frame = decode_every_way(with_type("HELLO", keepalive=30))
-    assert isinstance(frame, Hello)
+    assert isinstance(frame, frames.Hello)
     assert frame.keepalive == 30.0
     assert type(frame.keepalive) is float
 
 
 def test_msg_id_limit_counts_utf8_bytes() -> None:
-    Pub(topic="a", payload=b"", msg_id="é" * (MAX_MSG_ID_BYTES // 2))
+    frames.Pub(topic="a", payload=b"", msg_id="é" * (MAX_MSG_ID_BYTES // 2))
     with pytest.raises(LocalProtocolError, match="at most 256 bytes"):
-        Pub(topic="a", payload=b"", msg_id="é" * (MAX_MSG_ID_BYTES // 2) + "x")
+        frames.Pub(topic="a", payload=b"", msg_id="é" * (MAX_MSG_ID_BYTES // 2) + "x")
 
 
 def test_strings_with_lone_surrogates_are_refused_because_they_cannot_be_sent() -> None:
     with pytest.raises(LocalProtocolError, match="lone surrogate"):
-        Error(code="X", text="\udcff")
+        frames.Error(code="X", text="\udcff")
 
 
 @pytest.mark.parametrize("value", [{1, 2}, (1, 2), object()])
 def test_free_form_maps_hold_only_values_that_round_trip(value: object) -> None:
     with pytest.raises(LocalProtocolError, match="holds a"):
-        StatsReply(id=1, stats={"k": value})
+        frames.StatsReply(id=1, stats={"k": value})
 
 
 # -- topics and filters: request-level errors that carry the request id ---------------------
@@ -510,7 +496,7 @@ def test_invalid_topic_in_msg_is_invalid_topic() -> None:
 def test_valid_filters_of_both_dialects_are_accepted() -> None:
     assert decode_every_way(with_type("SUB", filter="a/ab*/*/>")).filter == "a/ab*/*/>"
     sub = decode_every_way(with_type("SUB", filter="a/+/#", dialect="mqtt", sync=True))
-    assert sub == Sub(id=1, filter="a/+/#", dialect="mqtt", sync=True)
+    assert sub == frames.Sub(id=1, filter="a/+/#", dialect="mqtt", sync=True)
 
 
 # -- ERROR helpers ---------------------------------------------------------------------------
@@ -518,16 +504,16 @@ def test_valid_filters_of_both_dialects_are_accepted() -> None:
 
 def test_error_frame_answers_a_protocol_error() -> None:
     exc = RemoteProtocolError(ErrorCode.INVALID_FILTER, "bad filter", ref=3)
-    frame = Error.from_exception(exc)
-    assert frame == Error(code="INVALID_FILTER", text="bad filter", ref=3)
+    frame = frames.Error.from_exception(exc)
+    assert frame == frames.Error(code="INVALID_FILTER", text="bad filter", ref=3)
     assert type(frame.code) is str
     assert not frame.closes_connection
-    assert Error(code="BAD_FRAME", text="").closes_connection
+    assert frames.Error(code="BAD_FRAME", text="").closes_connection
 
 
 def test_unknown_error_codes_are_kept_and_close_the_connection() -> None:
     frame = decode_every_way({"type": "ERROR", "code": "FROM_THE_FUTURE", "text": "?"})
-    assert isinstance(frame, Error)
+    assert isinstance(frame, frames.Error)
     assert frame.code == "FROM_THE_FUTURE"
     assert frame.closes_connection
     assert ProtocolError("FROM_THE_FUTURE", "?").closes_connection
@@ -555,7 +541,7 @@ def test_every_error_code_states_whether_it_closes_the_connection() -> None:
 @settings(deadline=None)
 @given(frame=ANY_FRAME, data=st.data())
 def test_any_valid_frame_round_trips_for_any_split_of_its_bytes(
-    frame: Frame, data: st.DataObject
+    frame: frames.Frame, data: st.DataObject
 ) -> None:
     stream = framed(frame)
     buf = FrameBuffer(max_frame=1 << 20)
@@ -587,7 +573,7 @@ def test_the_fast_paths_of_id_only_frames_agree_with_the_full_decoder(
 ) -> None:
     wire = {**wire, "type": wire_type}
     try:
-        expected: Any = build_frame(FRAME_TYPES[wire_type], wire)
+        expected: Any = build_frame(frames.FRAME_TYPES[wire_type], wire)
     except RemoteProtocolError as exc:
         expected = (exc.code, str(exc))
     try:

@@ -21,14 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bridges.mapping import (
-    REASONS,
-    DecodeError,
-    MappingError,
-    TemplateError,
-    TopicTemplate,
-    decode_json,
-)
+from bridges import mapping
 from bridges.spark.compiler import DECODE, PARSED_COLUMN, compile_topic, parse_sql, sql_string
 from routing import validate_topic
 
@@ -47,12 +40,12 @@ Outcome = tuple[str | None, str | None]
 def plain(template: str, value: bytes) -> Outcome:
     """What the plain Kafka bridge does with ``value``: (topic, None) or (None, reason)."""
     try:
-        record = decode_json(value)
-    except DecodeError:
+        record = mapping.decode_json(value)
+    except mapping.DecodeError:
         return None, DECODE
     try:
-        return TopicTemplate.compile(template).topic(record), None
-    except MappingError as exc:
+        return mapping.TopicTemplate.compile(template).topic(record), None
+    except mapping.MappingError as exc:
         return None, exc.reason
 
 
@@ -162,9 +155,9 @@ def test_keys_are_written_in_the_path_syntax_that_can_say_them() -> None:
 
 def test_compile_errors_come_from_topic_template() -> None:
     for bad in ("a/{b", "a/b}", "", "$SYS/{a}", "a//{b}", "a/*/{b}", "{a|}"):
-        with pytest.raises(TemplateError):
+        with pytest.raises(mapping.TemplateError):
             compile_topic(bad)
-    with pytest.raises(TemplateError):
+    with pytest.raises(mapping.TemplateError):
         compile_topic(42)  # type: ignore[arg-type]
 
 
@@ -257,7 +250,7 @@ def _documented_number_difference(template: str, record: Any) -> str | None:
       again with get_json_object, which fails on some paths and on records with NaN or
       Infinity; Spark then writes the float it has.
     """
-    for path in TopicTemplate.compile(template).fields:
+    for path in mapping.TopicTemplate.compile(template).fields:
         value = _walk(record, path)
         if isinstance(value, float) and math.isfinite(value) and _significant_digits(value) == 17:
             return "17-digit float on Java < 19"
@@ -460,7 +453,9 @@ DOCUMENTED: dict[bytes, Outcome] = {
 
 def test_spark_maps_the_hand_written_records_like_the_plain_bridge(spark: Any) -> None:
     reasons = {plain(t, v)[1] for t in TEMPLATES for v in HAND_WRITTEN if v is not None}
-    assert reasons >= {DECODE, *REASONS} - {"too_many_levels"}, "the corpus covers every reason"
+    assert reasons >= {DECODE, *mapping.REASONS} - {"too_many_levels"}, (
+        "the corpus covers every reason"
+    )
     literals = [
         "it's",
         "back\\slash",

@@ -17,6 +17,7 @@ from routing import TopicError, parse_filter
 TOPIC_LEVELS = st.sampled_from(["a", "b", "ab", "a.b", "a+b", "x(1)", "%2F", "é"])
 DIALECTS = st.sampled_from(["native", "mqtt"])
 FILTER_LEVELS = st.sampled_from(["a", "b", "ab", "a.b", "x(1)", "*", "a*", ">", "+", "#", "é"])
+TOPICS = st.lists(TOPIC_LEVELS, min_size=1, max_size=5).map("/".join)
 
 
 def parsed(levels: list[str], dialect: str):
@@ -26,18 +27,13 @@ def parsed(levels: list[str], dialect: str):
         return None
 
 
-@given(
-    st.lists(FILTER_LEVELS, min_size=1, max_size=4),
-    st.sampled_from(["native", "mqtt"]),
-    st.lists(TOPIC_LEVELS, min_size=1, max_size=5),
-)
+@given(st.lists(FILTER_LEVELS, min_size=1, max_size=4), DIALECTS, TOPICS)
 def test_a_filters_regex_matches_exactly_the_topics_the_filter_matches(
-    flevels: list[str], dialect: str, tlevels: list[str]
+    flevels: list[str], dialect: str, topic: str
 ) -> None:
     flt = parsed(flevels, dialect)
     if flt is None:
         return
-    topic = "/".join(tlevels)
     assert bool(re.fullmatch(filter_regex(flt), topic)) == flt.matches(topic)
 
 
@@ -46,7 +42,7 @@ def test_a_filters_regex_matches_exactly_the_topics_the_filter_matches(
         st.tuples(st.lists(FILTER_LEVELS, min_size=1, max_size=4), DIALECTS),
         max_size=6,
     ),
-    st.lists(st.lists(TOPIC_LEVELS, min_size=1, max_size=5).map("/".join), max_size=20),
+    st.lists(TOPICS, max_size=20),
 )
 def test_the_regex_and_the_table_agree_with_any_filter_matching(filter_specs, topics) -> None:
     filters = [f for f in (parsed(levels, d) for levels, d in filter_specs) if f is not None]

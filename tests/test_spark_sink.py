@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,11 @@ from bridges.tansu import Tansu
 from broker.client import connect
 from broker.config import BrokerConfig
 from broker.server import run_broker
+from tests import streams
 from tests.bridgekit import read_all
 from tests.conftest import running_broker
 from tests.faultproxy import FaultProxy
+from tests.streams import quiet
 
 SCHEMA = "topic STRING, value BINARY, msg_id STRING, reason STRING, key BINARY, source STRING"
 
@@ -49,19 +52,8 @@ def write(spark, data: list[tuple], **options: str) -> None:
     df.write.format("topiary").options(**options).mode("append").save()
 
 
-async def take(sub, count: int, timeout: float = 30) -> list:
-    got = []
-    with trio.fail_after(timeout):
-        while len(got) < count:
-            got.append(await sub.get())
-    return got
-
-
-async def nothing_more(sub, seconds: float = 0.3) -> bool:
-    with trio.move_on_after(seconds):
-        await sub.get()
-        return False
-    return True
+# A Spark job takes seconds to start: wait longer than tests.streams does by default.
+take = partial(streams.take, seconds=30.0)
 
 
 async def test_every_row_of_every_partition_is_published_once_with_its_id(spark) -> None:
@@ -70,7 +62,7 @@ async def test_every_row_of_every_partition_is_published_once_with_its_id(spark)
             data = rows(500)
             await trio.to_thread.run_sync(lambda: write(spark, data, server=server_text(server)))
             got = await take(sub, 500)
-            assert await nothing_more(sub)
+            assert await quiet(sub)
     assert sorted(json.loads(m.payload)["n"] for m in got) == list(range(500))
     assert {m.id for m in got} == {f"kafka/t/0/{n}" for n in range(500)}
 
@@ -84,7 +76,7 @@ async def test_a_replayed_batch_is_dropped_by_the_brokers_duplicate_filter(spark
                     lambda: write(spark, data, server=server_text(server))
                 )
             got = await take(sub, 200)
-            assert await nothing_more(sub)
+            assert await quiet(sub)
             assert (await client.stats())["duplicates_dropped"] == 200
     assert len({m.id for m in got}) == 200
 
@@ -98,7 +90,7 @@ async def test_with_a_filters_option_the_sink_drops_rows_nobody_wants(spark) -> 
                 lambda: write(spark, data, server=server_text(server), filters=filters)
             )
             got = await take(sub, 50)
-            assert await nothing_more(sub)
+            assert await quiet(sub)
     assert all(m.topic.startswith("beacon/eu/") for m in got)
     assert len(got) == 50
 
@@ -194,7 +186,7 @@ async def test_a_write_waits_out_a_broker_that_is_down_and_publishes_every_row_o
             got = await take(sub, 300)
             with trio.fail_after(30):
                 await written.wait()
-            assert await nothing_more(sub)
+            assert await quiet(sub)
         second.shutdown()
     assert sorted(json.loads(m.payload)["n"] for m in got) == list(range(300))
     assert len({m.id for m in got}) == 300
@@ -223,15 +215,15 @@ async def test_a_write_cut_off_from_the_broker_midway_resends_and_nothing_arrive
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(write_through_proxy)
-                    got = await take(sub, 2_000, timeout=60)
+                    got = await take(sub, 2_000, seconds=60)
                     assert not written.is_set(), "the write was done before the cut"
                     proxy.cut()
                     await trio.sleep(0.5)  # a cut that lasts: its length is the behaviour
                     proxy.restore()
-                    got += await take(sub, total - len(got), timeout=60)
+                    got += await take(sub, total - len(got), seconds=60)
                     with trio.fail_after(30):
                         await written.wait()
-                assert await nothing_more(sub)
+                assert await quiet(sub)
                 stats = await client.stats()
         assert proxy.connections > 2, "the sink's tasks did not reconnect"
     assert sorted(json.loads(m.payload)["n"] for m in got) == list(range(total))

@@ -14,7 +14,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -384,12 +385,22 @@ async def test_unreferenced_messages_are_swept_after_the_retention_window(tmp_pa
         assert count(tmp_path, "messages") == 0
 
 
-def test_retention_keeps_an_unreferenced_message_until_it_is_that_old(tmp_path: Path) -> None:
-    now = [1000.0]
+class Clock:
+    """A clock the test moves by hand: ``now`` is what the backend reads."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@contextmanager
+def backend_holding_one_message(tmp_path: Path, clock: Clock) -> Iterator[SqliteBackend]:
+    """A backend with 60 s retention on ``clock``, holding message "m" for session "a"."""
     backend = SqliteBackend.open(
-        tmp_path / DB_FILENAME, retention_seconds=60, durable=False, clock=lambda: now[0]
+        tmp_path / DB_FILENAME, retention_seconds=60, durable=False, clock=clock
     )
-    deliveries = [("a", 1)]
     try:
         backend.run(lambda b: b.create_session("a", None))
         backend.run(
@@ -398,47 +409,33 @@ def test_retention_keeps_an_unreferenced_message_until_it_is_that_old(tmp_path: 
                 topic="t",
                 payload=b"x",
                 headers=None,
-                deliveries=deliveries,
+                deliveries=[("a", 1)],
                 publisher_msg_id=None,
             )
         )
-        now[0] = 1030.0
-        backend.run(lambda b: b.ack("a", 1))
-        now[0] = 1059.9  # unreferenced, but stored less than 60 s ago
-        assert backend.run(SqliteBackend.sweep) == 0
-        now[0] = 1060.0
-        assert backend.run(SqliteBackend.sweep) == 1
-        assert backend.messages == 0
+        yield backend
     finally:
         backend.close()
+
+
+def test_retention_keeps_an_unreferenced_message_until_it_is_that_old(tmp_path: Path) -> None:
+    clock = Clock(1000.0)
+    with backend_holding_one_message(tmp_path, clock) as backend:
+        clock.now = 1030.0
+        backend.run(lambda b: b.ack("a", 1))
+        clock.now = 1059.9  # unreferenced, but stored less than 60 s ago
+        assert backend.run(SqliteBackend.sweep) == 0
+        clock.now = 1060.0
+        assert backend.run(SqliteBackend.sweep) == 1
+        assert backend.messages == 0
 
 
 def test_retention_never_sweeps_a_message_a_session_still_needs(tmp_path: Path) -> None:
-    now = [1000.0]
-    backend = SqliteBackend.open(
-        tmp_path / DB_FILENAME, retention_seconds=60, durable=False, clock=lambda: now[0]
-    )
-    deliveries = [("a", 1)]
-    try:
-        backend.run(lambda b: b.create_session("a", None))
-        backend.run(
-            lambda b: b.append(
-                msg_id="m",
-                topic="t",
-                payload=b"x",
-                headers=None,
-                deliveries=deliveries,
-                publisher_msg_id=None,
-            )
-        )
-        now[0] = 5000.0
+    clock = Clock(1000.0)
+    with backend_holding_one_message(tmp_path, clock) as backend:
+        clock.now = 5000.0
         assert backend.run(SqliteBackend.sweep) == 0
         assert [m.msg_id for m in backend.pending("a", 0, 10)] == ["m"]
-    finally:
-        backend.close()
-
-
-# -- group commit ------------------------------------------------------------------------------
 
 
 async def test_group_commit_puts_concurrent_appends_in_few_transactions(store: Store) -> None:
