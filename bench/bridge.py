@@ -123,8 +123,8 @@ from bench.harness.processes import (  # noqa: E402
     spawn_logged,
     start_broker,
     stop_broker,
+    stop_logged,
     tail,
-    terminate,
 )
 from bench.harness.procfs import cpu_seconds, machine_cpu  # noqa: E402
 from bench.harness.report import fmt, goal_line, print_ending, write_report  # noqa: E402
@@ -316,17 +316,7 @@ def start_bridge(config: Path, log_path: Path, profile: Path | None) -> BridgePr
 
 def stop_bridge(bridge: BridgeProcess) -> dict[str, Any]:
     """SIGTERM (the bridge finishes its batches and commits), SIGKILL after a grace time."""
-    popen = bridge.popen
-    started = time.monotonic()
-    try:
-        killed = terminate(popen, BRIDGE_STOP_TIMEOUT, 10)
-    finally:
-        bridge.log_file.close()
-    return {
-        "exit_status": popen.returncode,
-        "stop_seconds": round(time.monotonic() - started, 3),
-        "killed": killed,
-    }
+    return stop_logged(bridge.popen, bridge.log_file, BRIDGE_STOP_TIMEOUT, 10)
 
 
 def bridge_log(path: Path) -> dict[str, Any]:
