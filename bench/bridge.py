@@ -127,7 +127,7 @@ from bench.harness.processes import (  # noqa: E402
     tail,
 )
 from bench.harness.procfs import cpu_seconds, machine_cpu  # noqa: E402
-from bench.harness.report import fmt, goal_line, print_ending, write_report  # noqa: E402
+from bench.harness.report import arg_parser, fmt, goal_line, print_ending, write_report  # noqa: E402
 from bench.harness.report import machine_info as common_machine_info  # noqa: E402
 from bench.harness.wire import RECEIVE_SIZE, open_raw  # noqa: E402
 from bench.kafkaload import produce_confirmed  # noqa: E402
@@ -740,9 +740,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny counts (CI smoke test)")
-    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    parser = arg_parser(__doc__)
     parser.add_argument("--events", type=int, help="records in the stream (default 200,000)")
     parser.add_argument(
         "--only", default=",".join(SELECTIVITIES),

@@ -132,6 +132,7 @@ from bench.harness.processes import (  # noqa: E402
 )
 from bench.harness.procfs import cpu_seconds, cpu_times, proc_status  # noqa: E402
 from bench.harness.report import (  # noqa: E402
+    arg_parser,
     file_system,
     fmt,
     goal_line,
@@ -1637,9 +1638,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny counts (CI smoke test)")
-    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    parser = arg_parser(__doc__)
     parser.add_argument(
         "--only",
         default=",".join(ALL_SCENARIOS),

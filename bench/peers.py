@@ -103,6 +103,7 @@ from bench.harness import BenchError  # noqa: E402
 from bench.harness.mesh import BrokerMesh, write_config  # noqa: E402
 from bench.harness.procfs import cpu_seconds  # noqa: E402
 from bench.harness.report import (  # noqa: E402
+    arg_parser,
     fmt,
     goal_line,
     print_ending,
@@ -1236,9 +1237,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny counts (CI smoke test)")
-    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    parser = arg_parser(__doc__)
     parser.add_argument("--events", type=int, help="events per throughput run")
     parser.add_argument(
         "--log-dir", help="keep the broker logs here (default: a temporary directory, removed)"

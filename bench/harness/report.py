@@ -6,6 +6,7 @@ read alike and the smoke tests can check them the same way.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -13,6 +14,15 @@ import platform
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def arg_parser(doc: str, quick: str = "tiny counts (CI smoke test)") -> argparse.ArgumentParser:
+    """A benchmark's command line, described by the first line of its docstring ``doc``, with
+    the options every benchmark has: ``--quick`` (``quick`` says what it does) and ``--json``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    return parser
 
 
 def machine_info(**extra: Any) -> dict[str, Any]:
