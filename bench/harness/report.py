@@ -72,10 +72,15 @@ def print_ending(report: dict[str, Any], shown: Callable[[Any], str] = str) -> N
             print(f"note   {line}")
 
 
-def write_report(report: dict[str, Any], path: str | Path | None) -> None:
-    """The report as JSON at ``path`` (--json), if one was given."""
+def write_report(
+    report: dict[str, Any], path: str | Path | None, *, sort_keys: bool = True
+) -> None:
+    """The report as JSON at ``path`` (--json), if one was given; its directory is made if
+    need be. ``sort_keys=False`` keeps the report's own key order."""
     if path:
-        Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2, sort_keys=sort_keys) + "\n")
 
 
 def goal_line(goal: str, value: Any, met: bool | None) -> dict[str, Any]:
