@@ -110,10 +110,9 @@ from bench.harness.report import (  # noqa: E402
     write_report,
 )
 from bench.harness.report import machine_info as common_machine_info  # noqa: E402
-from bench.harness.wire import open_raw  # noqa: E402
+from bench.harness.wire import next_frame, open_raw  # noqa: E402
 from bench.harness.workers import Worker  # noqa: E402
 from broker.client import BrokerError, Client, ConnectionLost, ProtocolError, connect  # noqa: E402
-from broker.wire.connection import NEED_DATA, ConnectionClosed  # noqa: E402
 from broker.wire.frames import Error, Pong, Sub, SubAck  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -208,18 +207,11 @@ async def subscriber_main(pipe: Pipe, port: int, count: int, overall: float) -> 
     stream, proto = await open_raw(port)
     try:
         await stream.send_all(proto.send(Sub(id=1, filter=WILDCARD, sync=True)))
-        while True:
-            event = proto.next_event()
-            if event is NEED_DATA:
-                proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
-                continue
-            if isinstance(event, ConnectionClosed):
-                raise BenchError("the broker closed the subscriber's connection")
-            if isinstance(event, Error):
-                raise BenchError(f"SUB refused: {event.code} {event.text}")
-            if not isinstance(event, SubAck):
-                raise BenchError(f"expected SUBACK, got {event!r}")
-            break
+        event = await next_frame(stream, proto, "the broker closed the subscriber's connection")
+        if isinstance(event, Error):
+            raise BenchError(f"SUB refused: {event.code} {event.text}")
+        if not isinstance(event, SubAck):
+            raise BenchError(f"expected SUBACK, got {event!r}")
         if proto.buffered:
             raise BenchError("unexpected bytes after SUBACK")
         pipe.send(("ready", {"pid": os.getpid()}))
