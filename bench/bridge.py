@@ -127,7 +127,7 @@ from bench.harness.processes import (  # noqa: E402
     tail,
 )
 from bench.harness.procfs import cpu_seconds, machine_cpu  # noqa: E402
-from bench.harness.report import arg_parser, fmt, goal_line, print_ending, write_report  # noqa: E402
+from bench.harness.report import Goals, arg_parser, fmt, print_ending, write_report  # noqa: E402
 from bench.harness.report import machine_info as common_machine_info  # noqa: E402
 from bench.harness.wire import RECEIVE_SIZE, open_raw  # noqa: E402
 from bench.kafkaload import produce_confirmed  # noqa: E402
@@ -706,10 +706,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
 
 
 def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    goals: list[dict[str, Any]] = []
-
-    def add(goal: str, value: Any, met: bool | None) -> None:
-        goals.append(goal_line(goal, value, met))
+    goals = Goals()
+    add = goals.add
 
     for label, run in report["runs"].items():
         b = run.get("bridge") or {}

@@ -103,9 +103,9 @@ from bench.harness import BenchError  # noqa: E402
 from bench.harness.mesh import BrokerMesh, write_config  # noqa: E402
 from bench.harness.procfs import cpu_seconds  # noqa: E402
 from bench.harness.report import (  # noqa: E402
+    Goals,
     arg_parser,
     fmt,
-    goal_line,
     print_ending,
     write_report,
 )
@@ -1099,10 +1099,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
 
 
 def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    goals: list[dict[str, Any]] = []
-
-    def add(goal: str, value: Any, met: bool | None) -> None:
-        goals.append(goal_line(goal, value, met))
+    goals = Goals()
+    add = goals.add
 
     control = report["parameters"].get("control_keepalive")
     for frames_key, key, suffix in (

@@ -89,6 +89,13 @@ def goal_line(goal: str, value: Any, met: bool | None) -> dict[str, Any]:
     return {"goal": goal, "value": value, "status": status}
 
 
+class Goals(list[dict[str, Any]]):
+    """A report's "goals", in the order they were added."""
+
+    def add(self, goal: str, value: Any, met: bool | None) -> None:
+        self.append(goal_line(goal, value, met))
+
+
 def percentile(ordered: list[int], q: float) -> int:
     """Nearest-rank percentile of a sorted list."""
     rank = max(1, math.ceil(len(ordered) * q))
