@@ -123,11 +123,11 @@ from bench.harness.processes import (  # noqa: E402
     spawn_logged,
     start_broker,
     stop_broker,
+    stop_logged,
     tail,
-    terminate,
 )
 from bench.harness.procfs import cpu_seconds, machine_cpu  # noqa: E402
-from bench.harness.report import fmt, goal_line, print_ending, write_report  # noqa: E402
+from bench.harness.report import Goals, arg_parser, fmt, print_ending, write_report  # noqa: E402
 from bench.harness.report import machine_info as common_machine_info  # noqa: E402
 from bench.harness.wire import RECEIVE_SIZE, open_raw  # noqa: E402
 from bench.kafkaload import produce_confirmed  # noqa: E402
@@ -316,17 +316,7 @@ def start_bridge(config: Path, log_path: Path, profile: Path | None) -> BridgePr
 
 def stop_bridge(bridge: BridgeProcess) -> dict[str, Any]:
     """SIGTERM (the bridge finishes its batches and commits), SIGKILL after a grace time."""
-    popen = bridge.popen
-    started = time.monotonic()
-    try:
-        killed = terminate(popen, BRIDGE_STOP_TIMEOUT, 10)
-    finally:
-        bridge.log_file.close()
-    return {
-        "exit_status": popen.returncode,
-        "stop_seconds": round(time.monotonic() - started, 3),
-        "killed": killed,
-    }
+    return stop_logged(bridge.popen, bridge.log_file, BRIDGE_STOP_TIMEOUT, 10)
 
 
 def bridge_log(path: Path) -> dict[str, Any]:
@@ -716,10 +706,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
 
 
 def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    goals: list[dict[str, Any]] = []
-
-    def add(goal: str, value: Any, met: bool | None) -> None:
-        goals.append(goal_line(goal, value, met))
+    goals = Goals()
+    add = goals.add
 
     for label, run in report["runs"].items():
         b = run.get("bridge") or {}
@@ -750,9 +738,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny counts (CI smoke test)")
-    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    parser = arg_parser(__doc__)
     parser.add_argument("--events", type=int, help="records in the stream (default 200,000)")
     parser.add_argument(
         "--only", default=",".join(SELECTIVITIES),

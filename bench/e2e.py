@@ -132,9 +132,10 @@ from bench.harness.processes import (  # noqa: E402
 )
 from bench.harness.procfs import cpu_seconds, cpu_times, proc_status  # noqa: E402
 from bench.harness.report import (  # noqa: E402
+    Goals,
+    arg_parser,
     file_system,
     fmt,
-    goal_line,
     percentile,
     print_ending,
     write_report,
@@ -1443,10 +1444,8 @@ def durable_lines(scenarios: dict[str, dict[str, Any]]) -> list[str]:
 def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
     scenarios = report["scenarios"]
     quick = report["parameters"]["quick"]
-    goals: list[dict[str, Any]] = []
-
-    def add(goal: str, value: Any, met: bool | None) -> None:
-        goals.append(goal_line(goal, value, met))
+    goals = Goals()
+    add = goals.add
 
     wild = scenarios.get("wild-1k", {}).get("throughput", {})
     value = wild.get("delivered_per_second")
@@ -1637,9 +1636,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny counts (CI smoke test)")
-    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    parser = arg_parser(__doc__)
     parser.add_argument(
         "--only",
         default=",".join(ALL_SCENARIOS),

@@ -72,7 +72,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import workload  # noqa: E402
-from bench.harness.report import machine_info  # noqa: E402
+from bench.harness.report import machine_info, write_report  # noqa: E402
 from routing import SubscriptionTable, parse_filter  # noqa: E402
 from routing.topics import split_topic  # noqa: E402
 
@@ -682,9 +682,7 @@ def main(argv: list[str] | None = None) -> int:
             "fixed_world_comparison": comparison,
             "agree": agree,
         }
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(report, args.json, sort_keys=False)
     return 0 if agree else 1
 
 

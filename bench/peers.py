@@ -103,16 +103,16 @@ from bench.harness import BenchError  # noqa: E402
 from bench.harness.mesh import BrokerMesh, write_config  # noqa: E402
 from bench.harness.procfs import cpu_seconds  # noqa: E402
 from bench.harness.report import (  # noqa: E402
+    Goals,
+    arg_parser,
     fmt,
-    goal_line,
     print_ending,
     write_report,
 )
 from bench.harness.report import machine_info as common_machine_info  # noqa: E402
-from bench.harness.wire import open_raw  # noqa: E402
+from bench.harness.wire import next_frame, open_raw  # noqa: E402
 from bench.harness.workers import Worker  # noqa: E402
 from broker.client import BrokerError, Client, ConnectionLost, ProtocolError, connect  # noqa: E402
-from broker.wire.connection import NEED_DATA, ConnectionClosed  # noqa: E402
 from broker.wire.frames import Error, Pong, Sub, SubAck  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -207,18 +207,11 @@ async def subscriber_main(pipe: Pipe, port: int, count: int, overall: float) -> 
     stream, proto = await open_raw(port)
     try:
         await stream.send_all(proto.send(Sub(id=1, filter=WILDCARD, sync=True)))
-        while True:
-            event = proto.next_event()
-            if event is NEED_DATA:
-                proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
-                continue
-            if isinstance(event, ConnectionClosed):
-                raise BenchError("the broker closed the subscriber's connection")
-            if isinstance(event, Error):
-                raise BenchError(f"SUB refused: {event.code} {event.text}")
-            if not isinstance(event, SubAck):
-                raise BenchError(f"expected SUBACK, got {event!r}")
-            break
+        event = await next_frame(stream, proto, "the broker closed the subscriber's connection")
+        if isinstance(event, Error):
+            raise BenchError(f"SUB refused: {event.code} {event.text}")
+        if not isinstance(event, SubAck):
+            raise BenchError(f"expected SUBACK, got {event!r}")
         if proto.buffered:
             raise BenchError("unexpected bytes after SUBACK")
         pipe.send(("ready", {"pid": os.getpid()}))
@@ -1106,10 +1099,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
 
 
 def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    goals: list[dict[str, Any]] = []
-
-    def add(goal: str, value: Any, met: bool | None) -> None:
-        goals.append(goal_line(goal, value, met))
+    goals = Goals()
+    add = goals.add
 
     control = report["parameters"].get("control_keepalive")
     for frames_key, key, suffix in (
@@ -1236,9 +1227,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny counts (CI smoke test)")
-    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    parser = arg_parser(__doc__)
     parser.add_argument("--events", type=int, help="events per throughput run")
     parser.add_argument(
         "--log-dir", help="keep the broker logs here (default: a temporary directory, removed)"

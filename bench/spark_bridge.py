@@ -135,7 +135,7 @@ from bench.harness.processes import (  # noqa: E402
     terminate,
 )
 from bench.harness.procfs import cpu_seconds, machine_cpu  # noqa: E402
-from bench.harness.report import fmt, goal_line, percentile, print_ending, write_report  # noqa: E402
+from bench.harness.report import Goals, arg_parser, fmt, percentile, print_ending, write_report  # noqa: E402
 from bench.harness.wire import RECEIVE_SIZE, open_raw  # noqa: E402
 from bench.kafkaload import produce_confirmed  # noqa: E402
 from bridges.config import SparkSettings  # noqa: E402
@@ -1105,11 +1105,9 @@ def filter_verdict(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def check_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    goals: list[dict[str, Any]] = []
     quick = report["parameters"]["quick"]
-
-    def add(goal: str, value: Any, met: bool | None) -> None:
-        goals.append(goal_line(goal, value, met))
+    goals = Goals()
+    add = goals.add
 
     for name, run in report["runs"].items():
         t = run.get("throughput", {})
@@ -1178,9 +1176,7 @@ def _class_cache_state(lines: list[dict[str, Any]]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny counts (CI smoke test)")
-    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    parser = arg_parser(__doc__)
     parser.add_argument("--events", type=int, help="pre-produced records (default 1,000,000)")
     parser.add_argument("--max-offsets", type=int, help="[spark] max_offsets_per_trigger")
     parser.add_argument("--live-rate", type=int, help="records/s in the latency phase")

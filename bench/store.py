@@ -25,7 +25,6 @@ concurrent rows), replay >= 50,000 messages/s. The exit status is 0 unless a che
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sqlite3
 import statistics
@@ -41,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.harness.report import file_system  # noqa: E402
+from bench.harness.report import arg_parser, file_system, write_report  # noqa: E402
 from bench.harness.report import machine_info as common_machine_info  # noqa: E402
 from broker.store import Store  # noqa: E402
 
@@ -241,9 +240,7 @@ def machine_info(data_root: Path) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short runs, 10,000-message replay")
-    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    parser = arg_parser(__doc__, "short runs, 10,000-message replay")
     parser.add_argument("--seconds", type=float, help="seconds per append row (2; quick 0.5)")
     parser.add_argument(
         "--replay-messages", type=int, help="messages in the replay (100,000; quick 10,000)"
@@ -308,9 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             "goals": goals,
             "replay_complete_and_in_order": replay_ok,
         }
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(report, args.json, sort_keys=False)
     return 0 if replay_ok else 1
 
 

@@ -156,19 +156,26 @@ def start_broker(
     return broker
 
 
-def stop_broker(broker: BrokerProcess) -> dict[str, Any]:
-    """SIGTERM, then SIGKILL after 10 s; the exit status and how long it took."""
-    popen = broker.popen
+def stop_logged(
+    popen: subprocess.Popen, log_file: IO[bytes], grace: float, kill_wait: float | None = None
+) -> dict[str, Any]:
+    """``terminate`` a process started with ``spawn_logged``, then close its log file: the
+    exit status, how long it took and whether it had to be killed."""
     started = time.monotonic()
     try:
-        killed = terminate(popen, BROKER_STOP_TIMEOUT)
+        killed = terminate(popen, grace, kill_wait)
     finally:
-        broker.log_file.close()
+        log_file.close()
     return {
         "exit_status": popen.returncode,
         "stop_seconds": round(time.monotonic() - started, 3),
         "killed": killed,
     }
+
+
+def stop_broker(broker: BrokerProcess) -> dict[str, Any]:
+    """SIGTERM, then SIGKILL after 10 s; the exit status and how long it took."""
+    return stop_logged(broker.popen, broker.log_file, BROKER_STOP_TIMEOUT)
 
 
 def broker_stats(port: int) -> dict[str, Any]:

@@ -6,6 +6,7 @@ read alike and the smoke tests can check them the same way.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -13,6 +14,15 @@ import platform
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def arg_parser(doc: str, quick: str = "tiny counts (CI smoke test)") -> argparse.ArgumentParser:
+    """A benchmark's command line, described by the first line of its docstring ``doc``, with
+    the options every benchmark has: ``--quick`` (``quick`` says what it does) and ``--json``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--json", metavar="PATH", help="write all figures as JSON to PATH")
+    return parser
 
 
 def machine_info(**extra: Any) -> dict[str, Any]:
@@ -62,16 +72,28 @@ def print_ending(report: dict[str, Any], shown: Callable[[Any], str] = str) -> N
             print(f"note   {line}")
 
 
-def write_report(report: dict[str, Any], path: str | Path | None) -> None:
-    """The report as JSON at ``path`` (--json), if one was given."""
+def write_report(
+    report: dict[str, Any], path: str | Path | None, *, sort_keys: bool = True
+) -> None:
+    """The report as JSON at ``path`` (--json), if one was given; its directory is made if
+    need be. ``sort_keys=False`` keeps the report's own key order."""
     if path:
-        Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2, sort_keys=sort_keys) + "\n")
 
 
 def goal_line(goal: str, value: Any, met: bool | None) -> dict[str, Any]:
     """One entry of a report's "goals": PASS, FAIL, or "not measured" when ``met`` is None."""
     status = "not measured" if met is None else ("PASS" if met else "FAIL")
     return {"goal": goal, "value": value, "status": status}
+
+
+class Goals(list[dict[str, Any]]):
+    """A report's "goals", in the order they were added."""
+
+    def add(self, goal: str, value: Any, met: bool | None) -> None:
+        self.append(goal_line(goal, value, met))
 
 
 def percentile(ordered: list[int], q: float) -> int:

@@ -21,15 +21,18 @@ RECEIVE_SIZE = 256 * 1024
 KEEPALIVE = 600.0  # seconds; bench clients only read, so ask the broker not to expect PINGs
 
 
-async def next_frame(stream: trio.SocketStream, proto: Connection) -> Frame:
-    """The next frame on ``stream``, reading as needed; BenchError if the broker hung up."""
+async def next_frame(
+    stream: trio.SocketStream, proto: Connection, closed: str = "the broker closed the connection"
+) -> Frame:
+    """The next frame on ``stream``, reading as needed; BenchError(``closed``) if the broker
+    hung up."""
     while True:
         event = proto.next_event()
         if event is NEED_DATA:
             proto.receive_data(await stream.receive_some(RECEIVE_SIZE))
             continue
         if isinstance(event, ConnectionClosed):
-            raise BenchError("the broker closed the connection")
+            raise BenchError(closed)
         return event  # type: ignore[return-value]
 
 
