@@ -3,6 +3,9 @@ began to close (sans-IO: a server Connection, a Session, no sockets)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import trio
 import trio.testing
 
@@ -10,6 +13,7 @@ from broker.core import Counters, OutboundLimits, Session
 from broker.errors import ErrorCode
 from broker.native.confirms import Confirms
 from broker.wire.codec import append_msg, decode_frame
+from broker.wire.connection import Connection
 from broker.wire.frames import Error, PubAck
 from tests.helpers import framed, open_server
 
@@ -46,38 +50,36 @@ def sent(session: Session) -> list[object]:
     return frames
 
 
-def new_session() -> Session:
-    return Session("c1", OutboundLimits(), Counters())
-
-
-async def test_pubacks_wait_for_their_commit_and_keep_their_order() -> None:
-    proto, session = open_server(), new_session()
+@asynccontextmanager
+async def confirming(commit: Commit) -> AsyncIterator[tuple[Connection, Session, Confirms]]:
+    """An open server connection whose Confirms runs and owes PUBACK 1 once ``commit``."""
+    proto, session = open_server(), Session("c1", OutboundLimits(), Counters())
     confirms = Confirms(session, proto)
-    commit = Commit()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(confirms.run)
         confirms.after(commit, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        yield proto, session, confirms
+        nursery.cancel_scope.cancel()
+
+
+async def test_pubacks_wait_for_their_commit_and_keep_their_order() -> None:
+    commit = Commit()
+    async with confirming(commit) as (_proto, session, confirms):
         confirms.now(2)  # needs no commit, but must not overtake 1
         await trio.testing.wait_all_tasks_blocked()
         assert sent(session) == []
         commit.finish()
         await trio.testing.wait_all_tasks_blocked()
         assert sent(session) == [PubAck(id=1), PubAck(id=2)]
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_commit_done_after_the_clients_closing_error_sends_nothing() -> None:
-    proto, session = open_server(), new_session()
-    confirms = Confirms(session, proto)
     commit = Commit()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(confirms.run)
-        confirms.after(commit, 1)
-        await trio.testing.wait_all_tasks_blocked()
+    async with confirming(commit) as (proto, session, confirms):
         proto.receive_data(framed(Error(code=ErrorCode.SHUTTING_DOWN, text="bye")))
         assert isinstance(proto.next_event(), Error)  # the client is gone: CLOSING
         commit.finish()
         await trio.testing.wait_all_tasks_blocked()  # run() must neither send nor raise
         confirms.now(2)
         assert sent(session) == []
-        nursery.cancel_scope.cancel()
