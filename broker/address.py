@@ -17,9 +17,12 @@ from __future__ import annotations
 DEFAULT_PORT = 7474
 
 
-def split_address(text: str, *, default_port: int | None = DEFAULT_PORT) -> tuple[str, int]:
+def split_address(
+    text: str, *, default_port: int | None = DEFAULT_PORT, listening: bool = False
+) -> tuple[str, int]:
     """``HOST:PORT`` as ``(host, port)``; without a port, ``default_port`` (None: the port
-    is required). Raises ValueError saying what is wrong."""
+    is required). An address to listen on (``listening``) may have port 0: any free port.
+    Raises ValueError saying what is wrong."""
     stripped = text.strip()
     if not stripped:
         raise ValueError("server address is empty")
@@ -39,19 +42,19 @@ def split_address(text: str, *, default_port: int | None = DEFAULT_PORT) -> tupl
         port = int(port_text)  # a negative one is refused below, as out of range
     else:
         raise ValueError(f"bad port {port_text!r} in server address {text!r}")
-    address = _checked(host, port, text)
+    address = _checked(host, port, text, lowest=0 if listening else 1)
     if port_text is None and default_port is None:  # checked last: the CLI's order of errors
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return address
 
 
-def _checked(host: str, port: int, address: object) -> tuple[str, int]:
+def _checked(host: str, port: int, address: object, lowest: int = 1) -> tuple[str, int]:
     """``(host, port)`` if the host is not empty and the port in range (``address`` is what
     an error names), else ValueError."""
     if not host:
         raise ValueError(f"no host in server address {address!r}")
-    if not 0 < port < 65536:
-        raise ValueError(f"port must be in 1..65535, got {port}")
+    if not lowest <= port < 65536:
+        raise ValueError(f"port must be in {lowest}..65535, got {port}")
     return host, port
 
 
@@ -69,5 +72,13 @@ def parse_host_port(text: str) -> tuple[str, int] | None:
     ``text`` is not one; callers say what they expected in their own words."""
     try:
         return split_address(text, default_port=None)
+    except ValueError:
+        return None
+
+
+def parse_listen(text: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` to listen on (port required, 0 for any free port), or None."""
+    try:
+        return split_address(text, default_port=None, listening=True)
     except ValueError:
         return None

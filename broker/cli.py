@@ -74,11 +74,20 @@ def _server(text: str) -> str:
     return text
 
 
-def _peer(text: str) -> str:
-    """A peer broker's HOST:PORT: as ``--server``, but the port is required (IPv6 in
-    brackets: ``[::1]:7474``)."""
+def _host_port(text: str) -> str:
+    """A peer broker's or a listener's HOST:PORT: as ``--server``, but the port is required
+    (IPv6 in brackets: ``[::1]:7474``)."""
     try:
         split_address(text, default_port=None)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
+def _listen(text: str) -> str:
+    """An address to listen on: HOST:PORT, port 0 for any free one."""
+    try:
+        split_address(text, default_port=None, listening=True)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text.strip()
@@ -106,10 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--peer",
-        type=_peer,
+        type=_host_port,
         action="append",
         metavar="HOST:PORT",
         help="a peer broker to link to (repeat for several; see docs/peering.md)",
+    )
+    serve.add_argument(
+        "--http",
+        type=_listen,
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz, /readyz and the dashboard page there (docs/operations.md)",
     )
     serve.add_argument(
         "--peer-secret",
@@ -275,6 +290,7 @@ def _serve(args: argparse.Namespace) -> int:
             server_id=args.server_id,
             peers=tuple(args.peer) if args.peer else None,
             peer_secret=args.peer_secret,
+            http_listen=args.http,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

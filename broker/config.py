@@ -31,6 +31,9 @@ key, never a traceback and never a silently ignored typo.
     [auth]
     token = "secret"               # HELLO credentials {"token": ...} must match
 
+    [http]                         # operators' port (docs/operations.md); off unless set
+    listen = "127.0.0.1:7480"      # /metrics, /healthz, /readyz, /api/stats, the dashboard
+
     [peering]                      # peer brokers (docs/peering.md); server_id is the broker id
     peers = ["10.0.0.2:7474"]      # brokers to dial; links are also accepted from any broker
     secret = "mesh-secret"         # PEER_HELLO must carry it (both ends set the same)
@@ -51,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.address import DEFAULT_PORT, parse_host_port
+from broker.address import DEFAULT_PORT, parse_host_port, parse_listen
 from broker.wire.buffer import DEFAULT_MAX_FRAME, MAX_LENGTH
 
 
@@ -81,6 +84,7 @@ class BrokerConfig:
     overflow: str = "drop-oldest"
     group_prefetch: int = 64
     auth_token: str | None = None
+    http_listen: str | None = None  # HOST:PORT of the operators' HTTP port; None: off
     peers: tuple[str, ...] = ()
     peer_secret: str | None = None
     hop_limit: int = 16
@@ -126,6 +130,7 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "group_prefetch": "group_prefetch",
     },
     "auth": {"token": "auth_token"},
+    "http": {"listen": "http_listen"},
     "peering": {
         "peers": "peers",
         "secret": "peer_secret",
@@ -160,6 +165,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "overflow": (str,),
     "group_prefetch": (int,),
     "auth_token": (str, type(None)),
+    "http_listen": (str, type(None)),
     "peers": (tuple,),
     "peer_secret": (str, type(None)),
     "hop_limit": (int,),
@@ -207,6 +213,8 @@ def _check(cfg: BrokerConfig) -> None:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     _check_peering(cfg)
+    if cfg.http_listen is not None and parse_listen(cfg.http_listen) is None:
+        raise ConfigError(f"http listen must be HOST:PORT, got {cfg.http_listen!r}")
 
 
 def _check_peering(cfg: BrokerConfig) -> None:

@@ -19,8 +19,10 @@ from typing import Any
 
 import trio
 
+from broker.address import parse_listen
 from broker.config import BrokerConfig
 from broker.core import Broker
+from broker.http import HttpServer, broker_routes
 from broker.log import get_logger
 from broker.mesh import Peering
 from broker.native import ClientConnection
@@ -48,6 +50,7 @@ class Server:
         self._shutdown = trio.Event()
         self.stopped = trio.Event()
         self.addresses: list[tuple[str, int]] = []
+        self.http: HttpServer | None = None  # the operators' port, when configured
 
     def shutdown(self) -> None:
         self._shutdown.set()
@@ -127,6 +130,10 @@ async def run_broker(
             if handle_signals:
                 nursery.start_soon(_shutdown_on_signal, server, signals)
             await nursery.start(broker.peering.run)
+            operators = trio.CancelScope()
+            if config.http_listen is not None:
+                server.http = HttpServer(broker_routes(broker))
+                await nursery.start(_serve_http, server.http, config.http_listen, operators)
             await nursery.start(server.serve, listeners)
             task_status.started(server)
             await server._shutdown.wait()
@@ -134,6 +141,22 @@ async def run_broker(
             # serve() drains connections within shutdown_timeout; this is the backstop
             nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout + 5
             await server.stopped.wait()
+            operators.cancel()  # the HTTP port answers until the last client has gone
+
+
+async def _serve_http(
+    http: HttpServer,
+    listen: str,
+    scope: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    parsed = parse_listen(listen)
+    assert parsed is not None  # checked with the config
+    host, port = parsed
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    with scope:
+        await http.serve(listeners, task_status=task_status)
 
 
 async def _shutdown_on_signal(server: Server, scope: trio.CancelScope) -> None:

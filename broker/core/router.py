@@ -361,6 +361,11 @@ class Broker:
         """The route table as this broker sees it (``topiary routes``)."""
         return self.peering.describe()
 
+    @property
+    def uptime(self) -> float:
+        """Seconds since this broker started."""
+        return time.time() - self.started
+
     def stats(self) -> dict[str, Any]:
         table = self.table.statistics()
         snapshot = self.counters.snapshot()
