@@ -36,6 +36,7 @@ from typing import Any, NoReturn
 import msgpack
 import trio
 
+from broker.histogram import Histogram
 from broker.store.files import lock_directory
 from broker.store.group_commit import GroupCommit, OnDone, Outcome, Pending
 from broker.store.records import SessionRecord, StoredMessage, StoreError, StoreStatistics
@@ -106,6 +107,8 @@ class Store:
         self._enqueue_nowait = self._queue.enqueue_nowait
         # statistics
         self._last_commit_ms = 0.0
+        #: Seconds each batch took to commit in the worker thread (one observation per batch).
+        self.commit_seconds = Histogram()
         self._db_size = backend.file_size()
         # Row counts as of the last commit (the backend's own move during a batch).
         self._rows = backend.counts()
@@ -206,6 +209,7 @@ class Store:
             self._run_in_thread, works, limiter=self._limiter, borrower=self
         )
         self._last_commit_ms = elapsed * 1000.0
+        self.commit_seconds.observe(elapsed)
         self._db_size = size
         self._rows = rows
         return committed, outcomes
