@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import trio
+
 from broker.core.counters import Counters
 from broker.core.message import Message
 from broker.core.session import OutboundLimits, Session
@@ -65,12 +67,32 @@ class Group(Session):
         self.members: list[Member] = []
         self._next = 0
         self.redelivered = 0
+        # seq -> trio time routed, of every message not yet acked (queued or held by a
+        # member); in seq order, as seqs are added in order and only ever removed
+        self.pending_since: dict[int, float] = {}
+
+    @property
+    def pending_messages(self) -> int:
+        """Messages routed to the group and not yet acked by a member."""
+        return len(self.pending_since)
+
+    @property
+    def oldest_pending_at(self) -> float | None:
+        """Trio time the oldest unacked message was routed (for messages restored from the
+        store: the time of the restore); None if none."""
+        return next(iter(self.pending_since.values()), None)
 
     def deliver(self, message: Message, sub_id: int) -> bool:
         """Number the message in the group's sequence and hand it to a member with room."""
         self.seq += 1
+        self.pending_since[self.seq] = trio.current_time()
         self.offer(message, sub_id, self.seq)
         return True
+
+    def restored(self, seq: int, message: Message, at: float) -> None:
+        """Queue a message found in the store at start-up (pending since ``at``)."""
+        self.queue.append((seq, message, 0))
+        self.pending_since[seq] = at
 
     def offer(self, message: Message, sub_id: int, seq: int) -> None:
         self.queue.append((seq, message, sub_id))
@@ -101,8 +123,11 @@ class Group(Session):
             done = [seq] if seq in member.inflight else []
         else:
             done = [s for s in member.inflight if s <= seq]
+        pending_since = self.pending_since
         for s in done:
             del member.inflight[s]
+            pending_since.pop(s, None)
+        self.acked += len(done)
         if done:
             self.dispatch()
         return done
@@ -119,6 +144,7 @@ class Group(Session):
                     seq, message, sub_id = self.queue.popleft()
                     member.inflight[seq] = (message, sub_id)
                     member.session.push(message, sub_id, seq)
+                    self.delivered += 1
                     break
             else:
                 return  # every member's window is full

@@ -5,13 +5,26 @@ session, and only the subscription id and the sequence number differ between
 them. So a message carries a slot where a front end keeps its encoding of the
 shared fields, made once for all deliveries (``broker.wire.codec`` fills it for
 the native protocol). The core itself never looks at it.
+
+One message in ``Broker.latency_sample_every`` carries the trio time it was routed
+(``routed_at``; 0.0 for the others): each session's writer notes it as it sends the MSG,
+for the publish-to-delivery latency histogram.
 """
 
 from __future__ import annotations
 
 
 class Message:
-    __slots__ = ("encoded", "encoded_fields", "headers", "msg_id", "payload", "size", "topic")
+    __slots__ = (
+        "encoded",
+        "encoded_fields",
+        "headers",
+        "msg_id",
+        "payload",
+        "routed_at",
+        "size",
+        "topic",
+    )
 
     def __init__(
         self, topic: str, payload: bytes, headers: dict[str, str] | None, msg_id: str
@@ -24,6 +37,7 @@ class Message:
         # A front end's encoding of the fields every delivery shares, and how many there are.
         self.encoded: memoryview | None = None
         self.encoded_fields = 0
+        self.routed_at = 0.0  # trio time it was routed, for a sampled message; else 0.0
 
     def __repr__(self) -> str:
         return f"<Message {self.msg_id} {self.topic!r} {self.size} bytes>"

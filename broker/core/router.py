@@ -27,10 +27,15 @@ from broker.core.groups import Group
 from broker.core.message import Message
 from broker.core.session import OutboundLimits, Session
 from broker.core.sessions import SessionRegistry, run_prefix
+from broker.histogram import Histogram
 from broker.log import get_logger
 from broker.store import Pending, Store, StoreError
 
 log = get_logger("topiary.broker")
+
+#: One routed message in this many carries its routing time (``Message.routed_at``) for the
+#: publish-to-delivery latency histogram: timing every one would cost fan-out throughput.
+LATENCY_SAMPLE_EVERY = 64
 
 
 class Broker:
@@ -57,6 +62,11 @@ class Broker:
             self.config, store, self.limits, self.counters, self._id_prefix
         )
         self._recent_ids = RecentIds(self.config.dedup_window)
+        # Publish-to-delivery latency, seconds: from routing a sampled message (every
+        # ``latency_sample_every``-th that reaches a session) to a writer sending its MSG.
+        self.latency_sample_every = LATENCY_SAMPLE_EVERY
+        self.delivery_latency = Histogram()
+        self._until_sample = self.latency_sample_every
         # The peer mesh, once the broker is served with one (broker.server attaches it).
         self.peering: Mesh = NullMesh()
 
@@ -302,6 +312,9 @@ class Broker:
             if not session.durable:
                 if message is None:
                     message = Message(topic, payload, headers, msg_id or self.next_msg_id())
+                self._until_sample -= 1
+                if not self._until_sample:
+                    self._sample(message)
                 if session.deliver(message, ref.sub_ids[0]):
                     counters.messages_out += 1
                     counters.bytes_out += message.size
@@ -329,18 +342,23 @@ class Broker:
                     )
         if message is None:
             message = Message(topic, payload, headers, msg_id or self.next_msg_id())
+        self._until_sample -= 1
+        if not self._until_sample:
+            self._sample(message)
         delivered = 0
         durable: list[tuple[Session, int]] | None = None
         trims: list[tuple[Session, int]] | None = None
+        now = 0.0
         for session, sub_id in sessions.items():
             delivered += session.deliver(message, sub_id)
             if session.durable:
                 if durable is None:
                     durable = []
+                    now = trio.current_time()
                 durable.append((session, session.seq))
                 if session.shared:
                     continue  # quotas are per ordinary session (groups ack out of order)
-                session.track(session.seq, size)
+                session.track(session.seq, size, now)
                 through, dropped = session.trim_to(
                     config.session_max_messages, config.session_max_bytes
                 )
@@ -354,6 +372,11 @@ class Broker:
         if durable is None or self.store is None:
             return None
         return DurableWork(message, durable, publisher_msg_id, trims)
+
+    def _sample(self, message: Message) -> None:
+        """Stamp ``message`` for the latency histogram (one routed in ``latency_sample_every``)."""
+        self._until_sample = self.latency_sample_every
+        message.routed_at = trio.current_time()
 
     # -- operators -----------------------------------------------------------------------
 

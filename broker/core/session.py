@@ -109,12 +109,20 @@ class Session:
         # request has been answered, so the client can subscribe before its backlog comes.
         self.ready = True
         self._committed = trio.Event()
-        # durable only: pending (unacked, not trimmed) messages as (last seq, bytes, count);
-        # one entry per message, except one entry for a backlog restored from the store
-        self.backlog: deque[tuple[int, int, int]] = deque()
+        # durable only: pending (unacked, not trimmed) messages as (last seq, bytes, count,
+        # trio time routed); one entry per message, except one entry for a backlog restored
+        # from the store, stamped with the time of the restore
+        self.backlog: deque[tuple[int, int, int, float]] = deque()
         self.backlog_messages = 0
         self.backlog_bytes = 0
         self.quota_dropped = 0
+        # for operators (counted since the broker started): MSGs handed to the socket, and
+        # messages an ack released (a restored backlog counts once its last seq is acked)
+        self.delivered = 0
+        self.acked = 0
+        # trio times routed of the sampled messages (``Message.routed_at``) that
+        # ``take_batch`` encoded; the front end's writer observes and clears them once sent
+        self.sampled: list[float] = []
         self.limits = limits
         self.counters = counters
         self.subs: dict[int, SubRef] = {}
@@ -274,23 +282,38 @@ class Session:
     def detach(self, connection: Holder) -> None:
         if self.connection is connection:
             self.connection = None
+            self.sampled.clear()
             self._outbox.clear()
             self._queued_messages = 0
             self._queued_bytes = 0
             self._control_bytes = 0
 
-    def track(self, seq: int, size: int, count: int = 1) -> None:
-        self.backlog.append((seq, size, count))
+    def track(self, seq: int, size: int, at: float, count: int = 1) -> None:
+        """``count`` messages through ``seq`` are pending since trio time ``at``."""
+        self.backlog.append((seq, size, count, at))
         self.backlog_messages += count
         self.backlog_bytes += size
+
+    @property
+    def pending_messages(self) -> int:
+        """Messages routed to this durable session and not yet acked (or trimmed)."""
+        return self.backlog_messages
+
+    @property
+    def oldest_pending_at(self) -> float | None:
+        """Trio time the oldest pending message was routed (for a backlog restored from the
+        store: the time of the restore, as the store keeps no routing time); None if none."""
+        backlog = self.backlog
+        return backlog[0][3] if backlog else None
 
     def release_through(self, seq: int) -> None:
         """Messages up to ``seq`` were acked or trimmed: they no longer count."""
         backlog = self.backlog
         while backlog and backlog[0][0] <= seq:
-            _seq, size, count = backlog.popleft()
+            _seq, size, count, _at = backlog.popleft()
             self.backlog_messages -= count
             self.backlog_bytes -= size
+            self.acked += count
 
     def would_overflow(self, size: int, max_messages: int, max_bytes: int) -> bool:
         return self.backlog_messages + 1 > max_messages or self.backlog_bytes + size > max_bytes
@@ -301,7 +324,7 @@ class Session:
         while self.backlog and (
             self.backlog_messages > max_messages or self.backlog_bytes > max_bytes
         ):
-            seq, size, count = self.backlog.popleft()
+            seq, size, count, _at = self.backlog.popleft()
             self.backlog_messages -= count
             self.backlog_bytes -= size
             through, dropped = seq, dropped + count
@@ -368,10 +391,12 @@ class Session:
         self, append_msg: AppendMessage, max_bytes: int = 256 * 1024
     ) -> tuple[bytes, int]:
         """Encode queued frames into one write of about ``max_bytes`` (messages with the
-        front end's ``append_msg``); (bytes, MSG count)."""
+        front end's ``append_msg``); (bytes, MSG count). Sampled messages leave their routing
+        time in ``sampled`` for the caller to observe once the bytes are sent."""
         parts: list[bytes | memoryview] = []
         size = 0
         messages = 0
+        skipped = 0
         payload_bytes = 0
         control_bytes = 0
         outbox = self._outbox
@@ -392,13 +417,17 @@ class Session:
                 messages += 1
                 payload_bytes += message.size
                 if seq <= self.sent_upto:
+                    skipped += 1
                     continue  # already sent by a fill
                 self.sent_upto = seq
             else:
                 outbox.popleft()
                 messages += 1
                 payload_bytes += message.size
+            if message.routed_at:  # one message in Broker.latency_sample_every
+                self.sampled.append(message.routed_at)
             size += append_msg(parts, message, sub_id, seq)
+        self.delivered += messages - skipped
         self._queued_messages -= messages
         self._queued_bytes -= payload_bytes
         self._control_bytes -= control_bytes

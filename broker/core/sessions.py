@@ -107,24 +107,25 @@ class SessionRegistry:
         in its queue."""
         assert self.store is not None
         restored = []
+        now = trio.current_time()  # what is pending counts as pending since the restore
         for record in await self.store.sessions():
             session: Session
             if record.group is not None:
                 session = self._new_group(record.group, record.next_seq - 1, record.last_ack)
-                await self._load_group_queue(session, record)
+                await self._load_group_queue(session, record, now)
             else:
                 session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
                 if record.pending:
-                    session.track(record.next_seq - 1, record.pending_bytes, record.pending)
+                    session.track(record.next_seq - 1, record.pending_bytes, now, record.pending)
             restored.append((session, record.filters))
         return restored
 
-    async def _load_group_queue(self, group: Group, record: SessionRecord) -> None:
+    async def _load_group_queue(self, group: Group, record: SessionRecord, at: float) -> None:
         assert self.store is not None
         after = record.last_ack
         while page := await self.store.pending(record.client_id, after, 1000):
             for m in page:
-                group.queue.append((m.seq, Message(m.topic, m.payload, m.headers, m.msg_id), 0))
+                group.restored(m.seq, Message(m.topic, m.payload, m.headers, m.msg_id), at)
             after = page[-1].seq
 
     def _new_durable(self, client_id: str, seq: int, last_ack: int) -> Session:
