@@ -33,6 +33,7 @@ key, never a traceback and never a silently ignored typo.
 
     [http]                         # operators' port (docs/operations.md); off unless set
     listen = "127.0.0.1:7480"      # /metrics, /healthz, /readyz, /api/stats, the dashboard
+    top_sessions = 20              # /metrics: sessions by lag with their own series; + "other"
 
     [peering]                      # peer brokers (docs/peering.md); server_id is the broker id
     peers = ["10.0.0.2:7474"]      # brokers to dial; links are also accepted from any broker
@@ -56,6 +57,9 @@ from typing import Any
 
 from broker.address import DEFAULT_PORT, parse_host_port, parse_listen
 from broker.wire.buffer import DEFAULT_MAX_FRAME, MAX_LENGTH
+
+#: The most durable sessions /metrics gives series of their own (label cardinality).
+MAX_TOP_SESSIONS = 1000
 
 
 class ConfigError(ValueError):
@@ -85,6 +89,7 @@ class BrokerConfig:
     group_prefetch: int = 64
     auth_token: str | None = None
     http_listen: str | None = None  # HOST:PORT of the operators' HTTP port; None: off
+    http_top_sessions: int = 20  # durable sessions with their own /metrics series, by lag
     peers: tuple[str, ...] = ()
     peer_secret: str | None = None
     hop_limit: int = 16
@@ -130,7 +135,7 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "group_prefetch": "group_prefetch",
     },
     "auth": {"token": "auth_token"},
-    "http": {"listen": "http_listen"},
+    "http": {"listen": "http_listen", "top_sessions": "http_top_sessions"},
     "peering": {
         "peers": "peers",
         "secret": "peer_secret",
@@ -166,6 +171,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "group_prefetch": (int,),
     "auth_token": (str, type(None)),
     "http_listen": (str, type(None)),
+    "http_top_sessions": (int,),
     "peers": (tuple,),
     "peer_secret": (str, type(None)),
     "hop_limit": (int,),
@@ -215,6 +221,10 @@ def _check(cfg: BrokerConfig) -> None:
     _check_peering(cfg)
     if cfg.http_listen is not None and parse_listen(cfg.http_listen) is None:
         raise ConfigError(f"http listen must be HOST:PORT, got {cfg.http_listen!r}")
+    if not 0 <= cfg.http_top_sessions <= MAX_TOP_SESSIONS:
+        raise ConfigError(
+            f"http top_sessions must be in 0..{MAX_TOP_SESSIONS}, got {cfg.http_top_sessions}"
+        )
 
 
 def _check_peering(cfg: BrokerConfig) -> None:
