@@ -3,20 +3,42 @@
 A collector, not instruments on the hot path: the broker already counts everything in
 plain integers (``Counters``, the table's and the store's statistics, the peer links), so a
 scrape reads them and ``prometheus_client`` writes the exposition format. Routing costs
-nothing more for being scraped. All names start with ``topiary_``; docs/operations.md lists
+nothing more for being scraped. All names start with ``topiary_``; docs/metrics.md lists
 them.
+
+Per-session series (durable sessions and shared groups) are bounded: the ``top_sessions``
+(``[http] top_sessions``) with the oldest pending message each get a series labelled with
+their client id, and one series labelled ``session="other"`` adds up the rest.
+
+The two histograms are plain bucket counts that the broker and the store keep
+(``broker.histogram.Histogram``), turned into ``HistogramMetricFamily`` here: the core and
+the store never import ``prometheus_client``, each broker owns its own (tests run several
+in one process), and observing costs no lock.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import trio
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
 
-from broker.core import Broker
+from broker.core import Broker, Session
+from broker.histogram import Histogram
+
+#: The label value of the series that adds up the sessions outside the top N.
+OTHER = "other"
 
 #: Counters of ``Broker.counters``: attribute -> (metric name without _total, help).
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -54,8 +76,11 @@ COUNTERS: dict[str, tuple[str, str]] = {
 class BrokerCollector:
     """Reads one broker's state at each scrape (``prometheus_client`` collector protocol)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, top_sessions: int | None = None) -> None:
         self.broker = broker
+        self.top_sessions = (
+            broker.config.http_top_sessions if top_sessions is None else top_sessions
+        )
 
     def collect(self) -> Iterator[Metric]:
         broker = self.broker
@@ -69,6 +94,7 @@ class BrokerCollector:
             errors.add_metric([code], count)
         yield errors
         yield _gauge("topiary_connections", "Client connections open now.", len(broker.connections))
+        yield _frontends(broker)
         yield _gauge(
             "topiary_durable_sessions",
             "Durable sessions and shared groups held.",
@@ -85,9 +111,23 @@ class BrokerCollector:
             sum(s.queued for s in broker.sessions.values()),
         )
         yield _gauge("topiary_uptime_seconds", "Seconds since the broker started.", broker.uptime)
+        yield _gauge("topiary_groups", "Shared groups held.", len(broker.groups))
+        yield _gauge(
+            "topiary_group_members",
+            "Members connected to shared groups, all groups together.",
+            sum(len(group.members) for group in broker.groups.values()),
+        )
+        yield _histogram(
+            "topiary_delivery_latency_seconds",
+            f"Seconds from routing a PUB to its MSG bytes handed to the socket, in the "
+            f"broker; sampled: one routed message in {broker.latency_sample_every} is timed, "
+            f"at each of its deliveries (messages sent from the store are not timed).",
+            broker.delivery_latency,
+        )
         yield from _table(broker)
         if broker.store is not None:
             yield from _store(broker)
+            yield from _sessions(broker, self.top_sessions)
         if broker.peering.active:
             yield from _peering(broker.peering.stats())
 
@@ -100,6 +140,83 @@ def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, help_text, value=value)
 
 
+def _histogram(name: str, help_text: str, histogram: Histogram) -> HistogramMetricFamily:
+    buckets = [(floatToGoString(bound), count) for bound, count in histogram.cumulative()]
+    return HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=histogram.sum)
+
+
+def _frontends(broker: Broker) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "topiary_frontend_connections",
+        "Client connections with an open session now, by front end.",
+        labels=["frontend"],
+    )
+    counts = Counter(
+        getattr(connection, "frontend", "unknown")
+        for connection in broker.connections
+        if getattr(connection, "session", None) is not None
+    )
+    counts.setdefault("native", 0)
+    for frontend, count in sorted(counts.items()):
+        family.add_metric([frontend], count)
+    return family
+
+
+def _sessions(broker: Broker, top: int) -> Iterator[Metric]:
+    """Per durable session and shared group, the ``top`` with the oldest pending message by
+    client id, the rest added up as ``session="other"``."""
+    now = trio.current_time()
+
+    def age(session: Session) -> float:
+        at = session.oldest_pending_at
+        return 0.0 if at is None else max(0.0, now - at)
+
+    ranked = [(age(session), session.client_id, session) for session in broker.durable.values()]
+    first = heapq.nlargest(top, ranked, key=lambda row: (row[0], row[1])) if top else []
+    chosen = {id(row[2]) for row in first}
+    rest = [row for row in ranked if id(row[2]) not in chosen]
+    label = ["session"]
+    pending = GaugeMetricFamily(
+        "topiary_session_pending_messages",
+        "Messages routed to a durable session or shared group and not yet acked.",
+        labels=label,
+    )
+    oldest = GaugeMetricFamily(
+        "topiary_session_oldest_pending_age_seconds",
+        "Seconds since the oldest unacked message was routed (consumer lag); a backlog "
+        "restored at start-up counts from the restore. For other: the largest.",
+        labels=label,
+    )
+    delivered = CounterMetricFamily(
+        "topiary_session_delivered",
+        "Messages sent to the client (a group: handed to a member) since the broker started.",
+        labels=label,
+    )
+    acked = CounterMetricFamily(
+        "topiary_session_acked",
+        "Messages acked since the broker started.",
+        labels=label,
+    )
+    for lag, client_id, session in first:
+        pending.add_metric([client_id], session.pending_messages)
+        oldest.add_metric([client_id], lag)
+        delivered.add_metric([client_id], session.delivered)
+        acked.add_metric([client_id], session.acked)
+    pending.add_metric([OTHER], sum(row[2].pending_messages for row in rest))
+    oldest.add_metric([OTHER], max((row[0] for row in rest), default=0.0))
+    delivered.add_metric([OTHER], sum(row[2].delivered for row in rest))
+    acked.add_metric([OTHER], sum(row[2].acked for row in rest))
+    yield pending
+    yield oldest
+    yield delivered
+    yield acked
+    yield _gauge(
+        "topiary_session_other_sessions",
+        'Durable sessions and groups added up in the session="other" series.',
+        len(rest),
+    )
+
+
 def _table(broker: Broker) -> Iterator[Metric]:
     table = broker.table.statistics()
     yield _gauge("topiary_table_entries", "Subscription table entries.", table.subscriptions)
@@ -108,6 +225,19 @@ def _table(broker: Broker) -> Iterator[Metric]:
     yield _gauge("topiary_match_cache_entries", "Topics in the match cache.", table.cache_entries)
     yield _counter("topiary_match_cache_hits", "Match cache hits.", table.cache_hits)
     yield _counter("topiary_match_cache_misses", "Match cache misses.", table.cache_misses)
+    yield _gauge(
+        "topiary_table_subscribers", "Distinct subscribers in the table.", table.subscribers
+    )
+    yield _counter("topiary_table_matches", "Topics matched (cache hits and cold).", table.matches)
+    yield _counter(
+        "topiary_match_cache_evictions", "Match cache entries evicted.", table.cache_evictions
+    )
+    yield _counter(
+        "topiary_match_cache_invalidated",
+        "Match cache entries dropped by subscription changes.",
+        table.cache_invalidated,
+    )
+    yield _counter("topiary_match_cache_clears", "Match cache cleared whole.", table.cache_clears)
 
 
 def _store(broker: Broker) -> Iterator[Metric]:
@@ -132,6 +262,27 @@ def _store(broker: Broker) -> Iterator[Metric]:
     yield _gauge("topiary_store_messages", "Messages held in the store.", store.messages)
     yield _gauge(
         "topiary_store_deliveries", "Pending deliveries held in the store.", store.deliveries
+    )
+    yield _gauge("topiary_store_sessions", "Durable sessions held in the store.", store.sessions)
+    yield _gauge(
+        "topiary_store_mean_batch_operations", "Mean operations per commit.", store.mean_batch_size
+    )
+    yield _gauge(
+        "topiary_store_max_batch_operations", "Most operations in one commit.", store.max_batch_size
+    )
+    yield _gauge(
+        "topiary_store_callers_waiting",
+        "Callers waiting for room in the store's queue (backpressure).",
+        store.callers_waiting_for_room,
+    )
+    yield _gauge("topiary_store_dedup_ids", "Publisher msg_ids remembered.", store.dedup_ids)
+    yield _counter(
+        "topiary_store_duplicates", "Appends refused as duplicates (since open).", store.duplicates
+    )
+    yield _histogram(
+        "topiary_store_commit_duration_seconds",
+        "Seconds each store batch took to commit (one observation per batch).",
+        broker.store.commit_seconds,
     )
 
 
@@ -168,6 +319,18 @@ def _peering(stats: dict[str, Any]) -> Iterator[Metric]:
         ),
         "queued": GaugeMetricFamily(
             "topiary_peer_link_queued", "Frames queued on a link now.", labels=["peer"]
+        ),
+        "bytes_out": CounterMetricFamily(
+            "topiary_peer_link_bytes_out", "Bytes written on a link.", labels=["peer"]
+        ),
+        "routes_out": CounterMetricFamily(
+            "topiary_peer_link_routes_out", "Route updates sent on a link.", labels=["peer"]
+        ),
+        "routes_in": CounterMetricFamily(
+            "topiary_peer_link_routes_in", "Route updates received on a link.", labels=["peer"]
+        ),
+        "up_seconds": GaugeMetricFamily(
+            "topiary_peer_link_up_seconds", "Seconds since a link opened.", labels=["peer"]
         ),
     }
     for peer, link in stats["links"].items():
