@@ -40,9 +40,12 @@ async def scrape(server: Server) -> Samples:
                 chunks.append(data)
     head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ")
+    families = list(text_string_to_metric_families(body.decode()))
+    names = [family.name for family in families]
+    assert len(names) == len(set(names)), "a metric family twice: Prometheus would refuse it"
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(body.decode())
+        for family in families
         for sample in family.samples
     }
 
@@ -195,3 +198,18 @@ async def test_a_backlog_restored_at_start_up_counts_its_age_from_the_restore(
     assert session(samples, "pending_messages", "away") == 4
     assert 0 < session(samples, "oldest_pending_age_seconds", "away") <= after - before
     assert session(samples, "delivered_total", "away") == 0
+
+
+async def test_peer_links_have_series_of_their_own() -> None:
+    async with running_broker(server_id="a") as a:
+        host, port = a.addresses[0]
+        async with broker(server_id="b", peers=(f"{host}:{port}",)) as b:
+            with trio.fail_after(10):
+                while not b.broker.peering.stats().get("links"):
+                    await trio.sleep(0.01)
+            samples = await scrape(b)
+    assert samples[("topiary_peer_links", ())] == 1
+    assert samples[("topiary_peer_link_routes_out_total", (("peer", "a"),))] >= 1
+    assert samples[("topiary_peer_link_bytes_out_total", (("peer", "a"),))] > 0
+    assert samples[("topiary_peer_link_fwd_dropped_total", (("peer", "a"),))] == 0
+    assert samples[("topiary_peer_link_dropped_total", ())] == 0

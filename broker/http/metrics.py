@@ -3,7 +3,7 @@
 A collector, not instruments on the hot path: the broker already counts everything in
 plain integers (``Counters``, the table's and the store's statistics, the peer links), so a
 scrape reads them and ``prometheus_client`` writes the exposition format. Routing costs
-nothing more for being scraped. All names start with ``topiary_``; docs/metrics.md lists
+nothing more for being scraped. All names start with ``topiary_``; docs/operations.md lists
 them.
 
 Per-session series (durable sessions and shared groups) are bounded: the ``top_sessions``
@@ -286,22 +286,26 @@ def _store(broker: Broker) -> Iterator[Metric]:
     )
 
 
+#: ``PeerCounters`` fields: name (also of the metric, after topiary_peer_) -> help.
+PEER_COUNTERS: dict[str, str] = {
+    "fwd_out": "FWD frames sent (one per event per next hop).",
+    "fwd_in": "FWD frames received.",
+    "delivered_from_peers": "Events a FWD brought for local subscribers.",
+    "unreachable_dropped": "(event, destination) pairs dropped with no path.",
+    "link_dropped": "FWD copies lost, all links: link down or its queue full.",
+    "hop_limit_dropped": "Events dropped at the hop limit.",
+    "duplicates_dropped": "Forwarded events dropped as repeats.",
+    "quota_rejected": "Forwarded events refused by reject-publish quotas.",
+    "links_opened": "Peer links opened.",
+    "links_refused": "Peer links refused.",
+    "sync_waits": "Sync SUBs that waited for every reachable broker's ack.",
+    "sync_timeouts": "Sync SUBs whose wait timed out.",
+}
+
+
 def _peering(stats: dict[str, Any]) -> Iterator[Metric]:
-    for name in (
-        "fwd_out",
-        "fwd_in",
-        "delivered_from_peers",
-        "unreachable_dropped",
-        "link_dropped",
-        "hop_limit_dropped",
-        "duplicates_dropped",
-        "quota_rejected",
-        "links_opened",
-        "links_refused",
-        "sync_waits",
-        "sync_timeouts",
-    ):
-        yield _counter(f"topiary_peer_{name}", f"Peering: {name.replace('_', ' ')}.", stats[name])
+    for name, help_text in PEER_COUNTERS.items():
+        yield _counter(f"topiary_peer_{name}", help_text, stats[name])
     yield _gauge("topiary_peer_links", "Peer links up now.", len(stats["links"]))
     yield _gauge("topiary_peer_reachable_brokers", "Brokers reachable now.", stats["reachable"])
     yield _gauge(
@@ -314,8 +318,11 @@ def _peering(stats: dict[str, Any]) -> Iterator[Metric]:
         "fwd_in": CounterMetricFamily(
             "topiary_peer_link_fwd_in", "Events received on a link.", labels=["peer"]
         ),
+        # not topiary_peer_link_dropped: that is the all-links counter above
         "dropped": CounterMetricFamily(
-            "topiary_peer_link_dropped", "Events dropped on a link (queue full).", labels=["peer"]
+            "topiary_peer_link_fwd_dropped",
+            "Events dropped on a link (queue full).",
+            labels=["peer"],
         ),
         "queued": GaugeMetricFamily(
             "topiary_peer_link_queued", "Frames queued on a link now.", labels=["peer"]
