@@ -8,11 +8,15 @@ builds its parser. Heavy imports (confluent-kafka, PySpark) wait until a command
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 import trio
 
+from broker.address import split_address
 from broker.commands import UsageError, tune_gc
+
+HTTP_HELP = "serve /metrics, /healthz and /readyz there (overrides [http] listen)"
 
 
 def register(commands: Any) -> None:
@@ -24,12 +28,14 @@ def register(commands: Any) -> None:
     )
     kafka.add_argument("--config", required=True, help="bridge TOML file (see docs/bridge.md)")
     kafka.add_argument("--log-format", choices=["console", "json"], default="console")
+    kafka.add_argument("--http", type=_listen, metavar="HOST:PORT", help=HTTP_HELP)
     kafka.set_defaults(run=bridge_kafka, prog="topiary bridge kafka")
     spark = kinds.add_parser(
         "spark", help="the same bridge as a Spark Structured Streaming job (docs/spark.md)"
     )
     spark.add_argument("--config", required=True, help="bridge TOML file with a [spark] table")
     spark.add_argument("--log-format", choices=["console", "json"], default="console")
+    spark.add_argument("--http", type=_listen, metavar="HOST:PORT", help=HTTP_HELP)
     spark.add_argument(
         "--available-now",
         action="store_true",
@@ -48,7 +54,7 @@ def bridge_kafka(args: argparse.Namespace) -> int:
     except ImportError as exc:  # confluent-kafka is the optional extra "kafka"
         raise UsageError(f"{exc}; install topiary[kafka]") from None
     try:
-        config = load_bridge_config(args.config)
+        config = with_http(load_bridge_config(args.config), args)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     configure_logging(args.log_format)
@@ -68,7 +74,7 @@ def bridge_spark(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise UsageError(f"{exc}; install topiary[spark]") from None
     try:
-        config = load_bridge_config(args.config)
+        config = with_http(load_bridge_config(args.config), args)
         if config.spark.checkpoint is None:
             raise ConfigError(f"{args.config}: [spark] checkpoint is required")
         check_spark()
@@ -76,3 +82,19 @@ def bridge_spark(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     configure_logging(args.log_format)
     return run_spark_bridge(config, available_now=args.available_now)
+
+
+def _listen(text: str) -> str:
+    """An address to listen on: HOST:PORT, port 0 for any free one."""
+    try:
+        split_address(text, default_port=None, listening=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
+def with_http(config: Any, args: argparse.Namespace) -> Any:
+    """The config with ``--http``, when given, in place of ``[http] listen``."""
+    if getattr(args, "http", None) is None:
+        return config
+    return dataclasses.replace(config, http_listen=args.http)

@@ -30,6 +30,9 @@ the few settings the bridge's delivery guarantee depends on (see ``_OWNED_KAFKA_
     stats_interval = 10.0          # seconds between stats log lines (0: never)
     shutdown_timeout = 10.0        # seconds to wait for in-flight confirms on SIGTERM
 
+    [http]                         # optional: the operators' port (docs/bridge.md)
+    listen = "127.0.0.1:9474"      # /metrics, /healthz, /readyz; --http overrides it
+
     [spark]                        # `topiary bridge spark` only (docs/spark.md)
     master = "local[*]"
     checkpoint = "/var/lib/topiary/spark"   # required for the Spark bridge
@@ -51,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bridges.mapping import TemplateError, TopicTemplate
-from broker.address import parse_host_port
+from broker.address import parse_host_port, parse_listen
 from broker.config import ConfigError, read_toml
 
 FORMATS = ("json", "msgpack")
@@ -115,6 +118,8 @@ class BridgeConfig:
     observer_id: str = field(default_factory=lambda: default_observer_id())
     settings: BridgeSettings = field(default_factory=BridgeSettings)
     spark: SparkSettings = field(default_factory=SparkSettings)
+    #: HOST:PORT of the operators' HTTP port (/metrics, /healthz); None: off.
+    http_listen: str | None = None
 
     def consumer_config(self) -> dict[str, Any]:
         return {
@@ -183,6 +188,7 @@ _TABLES: dict[str, dict[str, tuple[type, ...]]] = {
         "class_cache": (str,),
         "conf": (dict,),
     },
+    "http": {"listen": (str,)},
 }
 _REQUIRED = {
     "kafka": ("bootstrap.servers", "group.id"),
@@ -243,6 +249,9 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
         raise ConfigError(f"[mapping] template: {exc}") from None
     settings = _check_settings(document.get("bridge", {}))
     spark = _check_spark(document.get("spark", {}))
+    listen = document.get("http", {}).get("listen")
+    if listen is not None and parse_listen(listen) is None:
+        raise ConfigError(f"[http] listen must be HOST:PORT, got {listen!r}")
     extra: dict[str, Any] = {}
     if "observer_id" in broker:
         extra["observer_id"] = broker["observer_id"]
@@ -257,6 +266,7 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
         peer_secret=broker.get("peer_secret"),
         settings=settings,
         spark=spark,
+        http_listen=listen,
         **extra,
     )
 

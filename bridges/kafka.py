@@ -37,15 +37,20 @@ from bridges.delivery import (
     publish_all,
     send_dead_letters,
 )
+from bridges.lag import LogEnds, PartitionEnds
 from bridges.mapping import DECODERS, DecodeError, MappingError
+from bridges.metrics import BridgeFigures, PartitionLag, bridge_routes, serve_http
 from bridges.routes import RouteWatcher
 from broker.client import BrokerError, Client, ConnectionLost, connect, worth_retrying
+from broker.http import HttpServer
 from broker.log import get_logger
 
 log = get_logger("topiary.bridge")
 
 CONSUME_WAIT = 0.02  # seconds a consume call waits for a batch to fill (latency at low rates)
 ROUTE_WAIT_WARNING = 10.0
+LAG_INTERVAL = 1.0  # seconds between reads of the log ends, with the operators' port on
+EARLIEST = ("earliest", "smallest", "beginning")
 
 
 @dataclass(slots=True)
@@ -101,6 +106,12 @@ class Bridge:
         self._producer: Any = None
         self._may_log = RateLimit()
         self._assigned: set[int] = set()
+        # For the consumer-lag metric (bridges/metrics.py), per partition: the offset after
+        # the last record read, after the last one done (stored for commit), and the log's
+        # ends as last read by ``watch_lag``.
+        self._read: dict[int, int] = {}
+        self._done: dict[int, int] = {}
+        self.log_ends: dict[int, PartitionEnds] = {}
 
     # -- control ----------------------------------------------------------------------------
 
@@ -119,6 +130,50 @@ class Bridge:
             "assigned_partitions": sorted(self._assigned),
             "routes": self.watcher.describe(),
         }
+
+    def figures(self) -> BridgeFigures:
+        """The counters and, per assigned partition whose end is known, the consumer lag.
+
+        end = max(the probed log end, the offset after the last record read): the bridge
+        may have read past the last probe. position = the offset after the last record
+        done (confirmed, dropped or dead-lettered, and stored for commit); before the
+        bridge stored one for the partition, the group's committed offset, and before any
+        commit where ``auto.offset.reset`` starts (the first offset still in the log, or the
+        end). So records read and not yet confirmed count as lag.
+        """
+        earliest = self.config.consumer_config().get("auto.offset.reset") in EARLIEST
+        partitions = []
+        for p in sorted(self._assigned):
+            ends = self.log_ends.get(p)
+            if ends is None:
+                continue
+            end = max(ends.end, self._read.get(p, 0))
+            start = ends.committed if ends.committed >= 0 else ends.low if earliest else end
+            position = self._done.get(p, start)
+            partitions.append(PartitionLag(p, position, end))
+        return BridgeFigures(
+            self.config.topic, self.stats_line(), partitions, self._in_flight_records
+        )
+
+    async def watch_lag(self, interval: float = LAG_INTERVAL) -> None:
+        """Read the true log ends of the assigned partitions every ``interval`` seconds
+        (bridges/lag.py), with a consumer of its own in a worker thread, until cancelled."""
+        from confluent_kafka import KafkaException
+
+        reader = LogEnds(self.config)
+        try:
+            while True:
+                try:
+                    self.log_ends = await trio.to_thread.run_sync(
+                        reader.read, sorted(self._assigned)
+                    )
+                except KafkaException as exc:
+                    if self._may_log("log-ends"):
+                        log.warning("reading the log ends failed", error=str(exc))
+                await trio.sleep(interval)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(reader.close)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -268,6 +323,7 @@ class Bridge:
                 sources.append(record)
             else:
                 unwanted += 1
+        self._read |= offsets
         counters.records_in += size
         counters.bytes_in += nbytes
         counters.unwanted_dropped += unwanted
@@ -318,6 +374,7 @@ class Bridge:
                         offsets=[TopicPartition(self.config.topic, partition, offset)]
                     )
                     self.counters.offsets_stored += 1
+                    self._done[partition] = offset
                 except KafkaException as exc:
                     # Revoked meanwhile: its new owner reads these records again and the
                     # broker drops the ones it already has.
@@ -334,6 +391,9 @@ class Bridge:
 
     def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
         self._assigned -= {p.partition for p in partitions}
+        for p in partitions:
+            self._read.pop(p.partition, None)
+            self._done.pop(p.partition, None)
         log.info("partitions revoked", partitions=sorted(p.partition for p in partitions))
 
     def _kafka_error(self, error: Any) -> None:
@@ -374,8 +434,27 @@ async def run_bridge(config: BridgeConfig) -> None:
     bridge = Bridge(config)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stop_on_signal, bridge)
+        if config.http_listen is not None:
+            await nursery.start(serve_operators, bridge, config.http_listen)
         await bridge.run()
         nursery.cancel_scope.cancel()
+
+
+async def serve_operators(
+    bridge: Bridge,
+    listen: str,
+    *,
+    lag_interval: float = LAG_INTERVAL,
+    task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The bridge's ``--http`` port (/metrics, /healthz, /readyz) and the log-end reader
+    behind its lag metric, on the bridge's own trio loop, until cancelled."""
+    http = HttpServer(bridge_routes(bridge.figures, bridge.started.is_set))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bridge.watch_lag, lag_interval)
+        addresses = await nursery.start(serve_http, http, listen)
+        log.info("bridge http listening", addresses=addresses)
+        task_status.started(addresses)
 
 
 async def _stop_on_signal(bridge: Bridge) -> None:

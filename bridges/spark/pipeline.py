@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridges.config import BridgeConfig
 from bridges.spark.compiler import compile_topic
 from bridges.spark.filtering import filters_regex
 from bridges.spark.routes import RouteFeed, WantedFilters
 from broker.log import get_logger
+
+if TYPE_CHECKING:
+    from bridges.spark.metrics import SparkFigures
 
 log = get_logger("topiary.bridge.spark")
 
@@ -79,9 +82,12 @@ def mapped(df: Any, config: BridgeConfig) -> Any:
 class BatchWriter:
     """The foreachBatch function: the route table of the moment, then the sink."""
 
-    def __init__(self, config: BridgeConfig, feed: RouteFeed) -> None:
+    def __init__(
+        self, config: BridgeConfig, feed: RouteFeed, figures: SparkFigures | None = None
+    ) -> None:
         self.config = config
         self.feed = feed
+        self.figures = figures  # the driver's metrics, fed with the sink's totals
         self.options = sink_options(config)
         self.mode = config.spark.filter
         self._compiled: tuple[int, str] | None = None
@@ -96,7 +102,11 @@ class BatchWriter:
             batch = batch.where(F.col("reason").isNotNull() | F.col("topic").rlike(regex))
         else:
             options["filters"] = json.dumps([[f.text, f.dialect] for f in wanted.filters])
+        if self.figures is not None:
+            options["report"] = self.figures.report_path(batch_id)
         batch.write.format("topiary").options(**options).mode("append").save()
+        if self.figures is not None:
+            self.figures.batch_written(batch_id)
         log.debug("micro-batch written", batch=batch_id, filters=len(wanted.filters))
 
     def _regex(self, wanted: WantedFilters) -> str:
@@ -112,8 +122,10 @@ def start_query(
     *,
     checkpoint: str,
     available_now: bool = False,
+    figures: SparkFigures | None = None,
 ) -> Any:
-    """Start the bridge query (the caller waits on it or stops it)."""
+    """Start the bridge query (the caller waits on it or stops it); ``figures``, when
+    given, collects the sink's totals for the driver's metrics."""
     from bridges.spark.sink import TopiarySink
     from bridges.spark.source import kafka_stream
 
@@ -122,7 +134,7 @@ def start_query(
         registered = pool.submit(spark.dataSource.register, TopiarySink)
         rows = mapped(kafka_stream(spark, source_options(config)), config)
         registered.result()
-    writer = rows.writeStream.foreachBatch(BatchWriter(config, feed)).queryName(QUERY_NAME)
+    writer = rows.writeStream.foreachBatch(BatchWriter(config, feed, figures)).queryName(QUERY_NAME)
     writer = writer.option("checkpointLocation", checkpoint)
     if available_now:
         writer = writer.trigger(availableNow=True)

@@ -20,6 +20,7 @@ def run_spark_bridge(config: BridgeConfig, *, available_now: bool = False) -> in
     if config.spark.checkpoint is None:
         raise ConfigError("[spark] checkpoint is required for the Spark bridge")
     from bridges.spark.classcache import class_cache
+    from bridges.spark.metrics import DriverPort, SparkFigures
     from bridges.spark.pipeline import start_query
     from bridges.spark.routes import RouteFeed
     from bridges.spark.session import build_session, stop_session
@@ -28,6 +29,15 @@ def run_spark_bridge(config: BridgeConfig, *, available_now: bool = False) -> in
     # The route feed connects while the JVM starts.
     feed = RouteFeed(config.server, observer_id=config.observer_id, secret=config.peer_secret)
     feed.start()
+    figures = port = None
+    if config.http_listen is not None:  # the driver serves /metrics (bridges/spark/metrics.py)
+        figures = SparkFigures(config)
+        port = DriverPort(config, figures, config.http_listen)
+        try:
+            log.info("spark bridge http listening", addresses=port.start())
+        except BaseException:
+            feed.stop()
+            raise
     cache = None
     try:
         cache = class_cache(
@@ -38,6 +48,9 @@ def run_spark_bridge(config: BridgeConfig, *, available_now: bool = False) -> in
         )
     except BaseException:
         feed.stop()
+        if port is not None and figures is not None:
+            port.stop()
+            figures.close()
         if cache is not None:
             cache.finish(None)  # no JVM ran: let go of the lock
         raise
@@ -51,14 +64,20 @@ def run_spark_bridge(config: BridgeConfig, *, available_now: bool = False) -> in
                 return 0
             log.warning("waiting for the broker's route table", server=config.server)
         query = start_query(
-            spark, config, feed, checkpoint=config.spark.checkpoint, available_now=available_now
-        )
+            spark, config, feed, checkpoint=config.spark.checkpoint,
+            available_now=available_now, figures=figures,
+        )  # fmt: skip
+        if figures is not None:
+            figures.query = query
         log.info("spark bridge running", query=query.id, master=master, topic=config.topic)
         return wait_for_query(query, stopping)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         feed.stop()
+        if port is not None and figures is not None:
+            port.stop()
+            figures.close()
         stop_session(spark, cache)
 
 

@@ -15,16 +15,20 @@ Rows (columns by name): ``topic`` (STRING; NULL for a malformed record), ``value
 ``kafka/`` prefix).
 
 Options: ``server`` (HOST:PORT, required), ``token``, ``backoff_max`` (seconds),
-``dead_letter_topic`` with ``kafka.*`` settings for its producer, and ``filters`` (JSON
+``dead_letter_topic`` with ``kafka.*`` settings for its producer, ``filters`` (JSON
 ``[[text, dialect], ...]``): when given, rows whose topic matches none are dropped here
-(``routing.SubscriptionTable`` over the Arrow batch) instead of by the query.
+(``routing.SubscriptionTable`` over the Arrow batch) instead of by the query, and
+``report`` (a file path): the batch writer's commit writes the summed ``SinkCommit`` of all
+tasks there as JSON, for the driver's metrics (the commit runs in a Python worker on the
+driver's machine, not in the driver's interpreter).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -73,7 +77,10 @@ class TopiaryWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[Any]) -> None:
         """Nothing to finish: every row was confirmed (or dead-lettered) by its task. (The
-        commit runs in a Python worker, not in the driver's interpreter.)"""
+        commit runs in a Python worker, not in the driver's interpreter.) With the
+        ``report`` option, the tasks' totals go to that file for the driver."""
+        if self.options.get("report"):
+            write_report(self.options["report"], messages)
 
 
 class TopiaryStreamWriter(DataSourceStreamArrowWriter):
@@ -87,6 +94,19 @@ class TopiaryStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         """Nothing to finish: every row was confirmed (or dead-lettered) by its task."""
+
+
+def write_report(path: str, messages: list[Any]) -> None:
+    """The sum of the tasks' ``SinkCommit`` messages as JSON at ``path`` (atomically)."""
+    total = {f.name: 0 for f in fields(SinkCommit)}
+    for message in messages:
+        if isinstance(message, SinkCommit):
+            for name, value in asdict(message).items():
+                total[name] += value
+    temporary = f"{path}.tmp"
+    with open(temporary, "w") as out:
+        json.dump(total, out)
+    os.replace(temporary, path)
 
 
 def write_partition(options: dict[str, str], batches: Iterator[Any]) -> SinkCommit:
