@@ -24,6 +24,7 @@ from broker.core.counters import Counters
 from broker.core.dedupe import RecentIds
 from broker.core.delivery import DurableWork, Mesh, NullMesh, QuotaExceeded
 from broker.core.groups import Group
+from broker.core.hot import HotSpots
 from broker.core.message import Message
 from broker.core.session import OutboundLimits, Session
 from broker.core.sessions import SessionRegistry, run_prefix
@@ -48,6 +49,8 @@ class Broker:
         self.server_id = self.config.server_id or f"topiary-{os.getpid()}"
         self.table = routing.SubscriptionTable(cache_size=self.config.match_cache)
         self.counters = Counters()
+        # The busiest topics and filters, sampled (one routed message in ~64; see hot.py).
+        self.hot = HotSpots()
         self.connections: set[Any] = set()  # ClientConnection objects, for shutdown
         self.started = time.time()
         self.limits = OutboundLimits(
@@ -302,6 +305,8 @@ class Broker:
     ) -> DurableWork | None:
         counters = self.counters
         targets = self.table.match(topic)
+        if counters.messages_in >= self.hot.next_at:  # a sample, now and then (hot.py)
+            self.hot.sample(topic, targets, counters.messages_in)
         if not targets:
             if not remote:
                 counters.messages_unrouted += 1
