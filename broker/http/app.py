@@ -5,16 +5,19 @@
 | ``/healthz`` | 200 while the process serves (the loop answers at all) |
 | ``/readyz`` | 200 when it accepts clients (store open, configured peers linked); else 503 |
 | ``/metrics`` | Prometheus text exposition (broker/http/metrics.py) |
-| ``/api/stats`` | the broker's statistics as JSON (what ``topiary stats`` prints), for the page |
-| ``/`` | the dashboard page, which polls ``/api/stats`` |
+| ``/api/stats`` | the broker's statistics as JSON (what ``topiary stats`` prints) |
+| ``/api/dashboard`` | what the dashboard shows, as JSON (broker/http/api.py) |
+| ``/`` | the dashboard page (and its ``/dashboard.js``, ``/dashboard.css``); polls the above |
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib import resources
 
 from broker.core import Broker
+from broker.http.api import dashboard_snapshot
 from broker.http.metrics import exposition
 from broker.http.server import Request, Response, Routes, text
 
@@ -51,15 +54,33 @@ def broker_routes(broker: Broker) -> Routes:
         body = json.dumps(broker.stats(), sort_keys=True).encode()
         return Response(200, body, "application/json")
 
-    page = resources.files("broker.http").joinpath("dashboard.html").read_bytes()
-
-    def dashboard(_request: Request) -> Response:
-        return Response(200, page, "text/html; charset=utf-8")
+    def dashboard_data(_request: Request) -> Response:
+        body = json.dumps(dashboard_snapshot(broker), sort_keys=True).encode()
+        return Response(200, body, "application/json", [("Cache-Control", "no-store")])
 
     return {
         "/healthz": healthz,
         "/readyz": readyz,
         "/metrics": metrics,
         "/api/stats": stats,
-        "/": dashboard,
+        "/api/dashboard": dashboard_data,
+        **{path: static(name, kind) for path, (name, kind) in STATIC.items()},
     }
+
+
+#: The page's files (package data of broker.http), by path.
+STATIC = {
+    "/": ("dashboard.html", "text/html; charset=utf-8"),
+    "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+    "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
+}
+
+
+def static(name: str, content_type: str) -> Callable[[Request], Response]:
+    """A handler that answers with the package file ``name`` (read once, now)."""
+    body = resources.files("broker.http").joinpath(name).read_bytes()
+
+    def handler(_request: Request) -> Response:
+        return Response(200, body, content_type)
+
+    return handler
