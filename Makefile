@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint bench clean
+.PHONY: test demo lint bench clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,7 +12,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP)
+# tests/test_dashboard.py needs Debian's Chromium and ChromeDriver (these machines run as
+# root and reach Debian's packages); nothing is done when both are there already.
+CHROMIUM     := /usr/bin/chromium /usr/bin/chromedriver
+browser:
+	@for f in $(CHROMIUM); do test -x $$f || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q chromium chromium-driver \
+		|| { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; \
+	fi
+
+test: $(STAMP) browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
