@@ -17,9 +17,9 @@ good for "which topics are busy now", not for billing.
 from __future__ import annotations
 
 import heapq
-import random
 import time
 from collections.abc import Callable, Hashable, Iterable
+from random import random
 from typing import Any, Generic, Protocol, TypeVar
 
 SAMPLE_EVERY = 64
@@ -47,11 +47,14 @@ class HotCounter(Generic[K]):
         self.total = 0  # every count added (after halving), pruned keys included
 
     def add(self, key: K) -> None:
-        counts = self.counts
-        counts[key] = counts.get(key, 0) + 1
+        self.counts[key] = self.counts.get(key, 0) + 1
         self.total += 1
-        if len(counts) > 2 * self.capacity:
-            kept = heapq.nlargest(self.capacity, counts.items(), key=lambda item: item[1])
+        self.bound()
+
+    def bound(self) -> None:
+        """Keep the ``capacity`` largest counts once there are more than twice as many."""
+        if len(self.counts) > 2 * self.capacity:
+            kept = heapq.nlargest(self.capacity, self.counts.items(), key=lambda item: item[1])
             self.counts = dict(kept)
 
     def halve(self) -> None:
@@ -73,6 +76,7 @@ class HotSpots:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.every = every
+        self._span = 2 * every - 1  # gaps of 1 .. 2*every-1 messages, every on average
         self.half_life = half_life
         self.clock = clock
         self.topics: HotCounter[str] = HotCounter(capacity)
@@ -84,16 +88,26 @@ class HotSpots:
     def sample(self, topic: str, matched: Iterable[Matched], position: int) -> None:
         """Count one routed message (``position`` is the router's ``messages_in``)."""
         self.samples += 1
-        self.next_at = position + random.randint(1, 2 * self.every - 1)
+        self.next_at = position + 1 + int(random() * self._span)
         now = self.clock()
         if now >= self._next_halving:
             self.topics.halve()
             self.filters.halve()
             self._next_halving = now + self.half_life
-        self.topics.add(topic)
-        add_filter = self.filters.add
+        topics = self.topics
+        topics.counts[topic] = topics.counts.get(topic, 0) + 1
+        topics.total += 1
+        topics.bound()
+        filters = self.filters
+        counts = filters.counts
+        get = counts.get
+        n = 0
         for ref in matched:
-            add_filter((ref.filter, ref.dialect))
+            key = (ref.filter, ref.dialect)
+            counts[key] = get(key, 0) + 1
+            n += 1
+        filters.total += n
+        filters.bound()
 
     def describe(self, n: int = 10) -> dict[str, Any]:
         """The ``n`` busiest topics and filters. ``per_message`` is a topic's share of the
