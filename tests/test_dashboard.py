@@ -11,14 +11,15 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import trio
 
 from broker.client import connect
 from broker.core.hot import HotCounter, HotSpots
-from broker.http.api import dashboard_snapshot, sessions_summary
+from broker.http.api import dashboard_snapshot, sessions_summary, with_ages
 from tests.conftest import running_broker
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -140,6 +141,17 @@ def test_the_sessions_listed_are_bounded_and_the_rest_summed() -> None:
     assert [s["client_id"] for s in summary["listed"]] == ["s29", "s28", "s27"]
     assert summary["others"] == {"count": 27, "pending": sum(range(27)), "pending_bytes": 3510}
     assert (summary["count"], summary["connected"], summary["pending"]) == (30, 15, 435)
+
+
+async def test_a_session_that_knows_its_oldest_pending_message_shows_its_age() -> None:
+    lagging = SimpleNamespace(oldest_pending_at=trio.current_time() - 2.5)
+    broker = cast(Any, SimpleNamespace(durable={"lagging": lagging, "idle": SimpleNamespace()}))
+    summary = sessions_summary([{"client_id": "lagging"}, {"client_id": "idle"}])
+    ages = {
+        s["client_id"]: s.get("oldest_pending_age_seconds")
+        for s in with_ages(broker, summary)["listed"]
+    }
+    assert ages["lagging"] == pytest.approx(2.5, abs=0.5) and ages["idle"] is None
 
 
 async def test_the_dashboard_data_shows_the_peer_mesh() -> None:

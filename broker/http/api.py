@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import trio
+
 from broker.core import Broker
 
 #: Sessions listed by name; the others are summed.
@@ -45,7 +47,7 @@ def dashboard_snapshot(broker: Broker) -> dict[str, Any]:
         "subscriptions": broker.table.statistics().subscriptions,
         "queued": sum(s.queued for s in sessions),
         "hot": broker.hot.describe(TOP_HOT),
-        "sessions": sessions_summary(broker.sessions_info()),
+        "sessions": with_ages(broker, sessions_summary(broker.sessions_info())),
         "mesh": mesh_summary(broker),
         "economy": economy(snapshot),
         "store": _store(broker),
@@ -73,6 +75,18 @@ def sessions_summary(info: list[dict[str, Any]], top: int = TOP_SESSIONS) -> dic
             "pending_bytes": sum(s.get("pending_bytes", 0) for s in rest),
         },
     }
+
+
+def with_ages(broker: Broker, summary: dict[str, Any]) -> dict[str, Any]:
+    """Add ``oldest_pending_age_seconds`` to the listed sessions whose core session knows
+    when its oldest unacked message was routed (``oldest_pending_at``, trio time)."""
+    now = trio.current_time()
+    for listed in summary["listed"]:
+        session = broker.durable.get(listed["client_id"])
+        at = getattr(session, "oldest_pending_at", None)  # per-session lag, where kept
+        if "oldest_pending_age_seconds" not in listed and isinstance(at, float):
+            listed["oldest_pending_age_seconds"] = round(max(0.0, now - at), 3)
+    return summary
 
 
 def mesh_summary(broker: Broker) -> dict[str, Any]:
@@ -134,4 +148,4 @@ def _store(broker: Broker) -> dict[str, Any] | None:
     }
 
 
-__all__ = ["dashboard_snapshot", "economy", "mesh_summary", "sessions_summary"]
+__all__ = ["dashboard_snapshot", "economy", "mesh_summary", "sessions_summary", "with_ages"]
