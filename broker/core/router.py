@@ -26,6 +26,7 @@ from broker.core.delivery import DurableWork, Mesh, NullMesh, QuotaExceeded
 from broker.core.groups import Group
 from broker.core.hot import HotSpots
 from broker.core.message import Message
+from broker.core.reports import REPORTS_FILTER, Reports
 from broker.core.session import OutboundLimits, Session
 from broker.core.sessions import SessionRegistry, run_prefix
 from broker.histogram import Histogram
@@ -72,6 +73,12 @@ class Broker:
         self._until_sample = self.latency_sample_every
         # The peer mesh, once the broker is served with one (broker.server attaches it).
         self.peering: Mesh = NullMesh()
+        # The last report of each bridge (reports.py): in the table, in no registry, and
+        # subscribed before any mesh exists, so it is not mirrored to peers.
+        self.reports = Reports(self.limits, self.counters)
+        reports_filter = routing.parse_filter(REPORTS_FILTER)
+        _sub_id, ref, _new = self.reports.subscribe(reports_filter.text, reports_filter.dialect)
+        self.table.add(reports_filter, ref)
 
     # -- sessions (kept by the registry; the router adds the table and the mesh) ----------
 
