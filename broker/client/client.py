@@ -417,6 +417,25 @@ class Client:
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
 
+    def publish_nowait(self, topic: str, payload: bytes) -> bool:
+        """Queue an unconfirmed PUB without waiting: False, and nothing queued, while the
+        client is not connected or its write buffer is full (for reports that are better
+        skipped than late)."""
+        routing.validate_topic(topic)
+        if (
+            self._failure is not None
+            or self._closing
+            or not self._connected.is_set()
+            or not self._out_drained.is_set()
+            or len(self._out) >= WRITE_BUFFER_LIMIT
+        ):
+            return False
+        body = _packb({"type": "PUB", "topic": topic, "payload": bytes(payload)})
+        self._out += len(body).to_bytes(4, "big")
+        self._out += body
+        self._out_ready.set()
+        return True
+
     async def publish_confirmed(
         self, messages: Sequence[tuple[str, bytes, str | None]]
     ) -> list[BrokerError | None]:
