@@ -21,6 +21,8 @@ the few settings the bridge's delivery guarantee depends on (see ``_OWNED_KAFKA_
     token = "secret"               # optional: the broker's [auth] token
     peer_secret = "mesh-secret"    # optional: the broker's [peering] secret
     observer_id = "bridge-1"       # optional: the bridge's id on the route exchange
+    bridge_id = "beacons-eu"       # optional: its id in reports (default: "group.id")
+    report_interval = 5.0          # seconds between reports to $SYS/bridges/<id> (0: never)
 
     [bridge]                       # optional tuning
     batch_max = 5000               # records taken from Kafka per batch
@@ -53,11 +55,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridges.mapping import TemplateError, TopicTemplate
+import routing
+from bridges.mapping import TemplateError, TopicTemplate, encode_level
 from broker.address import parse_host_port, parse_listen
 from broker.config import ConfigError, read_toml
 
 FORMATS = ("json", "msgpack")
+#: Where a bridge reports its figures: broker.core.reports.REPORTS_PREFIX, whose subscriber
+#: keeps the last report of each bridge.
+REPORTS_PREFIX = "$SYS/bridges/"
 
 #: Settings the bridge sets itself because its guarantee rests on them: offsets are stored
 #: only after the broker confirmed a record (or the dead-letter topic took it), and
@@ -120,6 +126,20 @@ class BridgeConfig:
     spark: SparkSettings = field(default_factory=SparkSettings)
     #: HOST:PORT of the operators' HTTP port (/metrics, /healthz); None: off.
     http_listen: str | None = None
+    #: Seconds between reports to the broker (docs/bridge.md); 0: none.
+    report_interval: float = 5.0
+    #: The id the bridge reports under; None: its Kafka ``group.id``.
+    bridge_id: str | None = None
+
+    @property
+    def report_id(self) -> str:
+        """The id the bridge reports under."""
+        return self.bridge_id if self.bridge_id is not None else str(self.kafka["group.id"])
+
+    @property
+    def report_topic(self) -> str:
+        """``$SYS/bridges/<id>``, the id escaped into one topic level."""
+        return f"{REPORTS_PREFIX}{encode_level(self.report_id)}"
 
     def consumer_config(self) -> dict[str, Any]:
         return {
@@ -170,6 +190,8 @@ _TABLES: dict[str, dict[str, tuple[type, ...]]] = {
         "token": (str,),
         "peer_secret": (str,),
         "observer_id": (str,),
+        "bridge_id": (str,),
+        "report_interval": (int, float),
     },
     "bridge": {
         "batch_max": (int,),
@@ -235,7 +257,7 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
     kafka = _check_kafka(document["kafka"])
     source, broker = document["source"], document["broker"]
     _check_nonempty("source", source, ("topic", "dead_letter_topic", "format"))
-    _check_nonempty("broker", broker, ("server", "observer_id"))
+    _check_nonempty("broker", broker, ("server", "observer_id", "bridge_id"))
     fmt = source.get("format", "json")
     if fmt not in FORMATS:
         raise ConfigError(f"[source] format must be 'json' or 'msgpack', got {fmt!r}")
@@ -252,10 +274,13 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
     listen = document.get("http", {}).get("listen")
     if listen is not None and parse_listen(listen) is None:
         raise ConfigError(f"[http] listen must be HOST:PORT, got {listen!r}")
+    interval = broker.get("report_interval", 5.0)
+    if not (math.isfinite(interval) and 0 <= interval <= 86400):
+        raise ConfigError(f"[broker] report_interval must be in [0, 86400] seconds, got {interval}")
     extra: dict[str, Any] = {}
     if "observer_id" in broker:
         extra["observer_id"] = broker["observer_id"]
-    return BridgeConfig(
+    config = BridgeConfig(
         kafka=kafka,
         topic=source["topic"],
         dead_letter_topic=source["dead_letter_topic"],
@@ -267,8 +292,15 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
         settings=settings,
         spark=spark,
         http_listen=listen,
+        report_interval=float(interval),
+        bridge_id=broker.get("bridge_id"),
         **extra,
     )
+    try:
+        routing.validate_topic(config.report_topic)
+    except ValueError as exc:  # routing.TopicError included
+        raise ConfigError(f"[broker] bridge_id (or [kafka] 'group.id'): {exc}") from None
+    return config
 
 
 def _check_kafka(body: dict[str, Any]) -> dict[str, Any]:

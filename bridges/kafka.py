@@ -9,7 +9,8 @@ has it or the dead-letter topic has it; a crash replays at most the uncommitted 
 the broker's duplicate filter drops the ones it already routed.
 
 Tasks and owners: ``Bridge.run`` owns one nursery holding the route watcher, the stats
-logger, and one delivery task per batch in flight. Batches are published in the order they
+logger, the reporter (its figures to ``$SYS/bridges/<id>``, never waited for), and one
+delivery task per batch in flight. Batches are published in the order they
 were read (one broker connection, FIFO), and offsets are stored strictly in that order, so a
 batch confirmed early never commits past one still in flight. Every call into the consumer
 runs in a worker thread under one limiter: librdkafka blocks, trio must not.
@@ -22,6 +23,7 @@ bounded by ``queued.max.messages.kbytes``. A slow broker slows the bridge, memor
 from __future__ import annotations
 
 import signal
+import time
 from collections import Counter, deque
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -39,7 +41,7 @@ from bridges.delivery import (
 )
 from bridges.lag import LogEnds, PartitionEnds
 from bridges.mapping import DECODERS, DecodeError, MappingError
-from bridges.metrics import BridgeFigures, PartitionLag, bridge_routes, serve_http
+from bridges.metrics import BridgeFigures, PartitionLag, bridge_routes, report, serve_http
 from bridges.routes import RouteWatcher
 from broker.client import BrokerError, Client, ConnectionLost, connect, worth_retrying
 from broker.http import HttpServer
@@ -112,6 +114,9 @@ class Bridge:
         self._read: dict[int, int] = {}
         self._done: dict[int, int] = {}
         self.log_ends: dict[int, PartitionEnds] = {}
+        # Reports to the broker (``_report_loop``): written, and skipped for want of room.
+        self.reports_sent = 0
+        self.reports_skipped = 0
 
     # -- control ----------------------------------------------------------------------------
 
@@ -191,6 +196,8 @@ class Bridge:
                 if self.settings.stats_interval:
                     nursery.start_soon(self._stats_loop)
                 client = await self._connect(stack)
+                if client is not None and config.report_interval:
+                    nursery.start_soon(self._report_loop, client)
                 if client is not None:
                     await self._pipeline(client)
                 nursery.cancel_scope.cancel()
@@ -228,6 +235,20 @@ class Bridge:
                 await self._stopping.wait()
             backoff = min(backoff * 2, self.settings.backoff_max)
         return None
+
+    async def _report_loop(self, client: Client) -> None:
+        """Publish a report (``metrics.report``) to ``$SYS/bridges/<id>`` at once and then
+        every ``report_interval`` seconds, unconfirmed; one that cannot be written without
+        waiting (the broker is away, the write buffer is full) is skipped, never waited for.
+        """
+        config = self.config
+        topic, bridge_id = config.report_topic, config.report_id
+        while True:
+            if client.publish_nowait(topic, report(self.figures(), bridge_id, time.time())):
+                self.reports_sent += 1
+            else:
+                self.reports_skipped += 1
+            await trio.sleep(config.report_interval)
 
     async def _pipeline(self, client: Client) -> None:
         await self._wait_for_routes()

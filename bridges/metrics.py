@@ -19,6 +19,7 @@ the last record done (confirmed by the broker, dropped, or dead-lettered).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -166,6 +167,34 @@ def wanted_records(counters: dict[str, int]) -> int | None:
     if not {"records_in", "unwanted_dropped", "malformed"} <= counters.keys():
         return None
     return counters["records_in"] - counters["unwanted_dropped"] - counters["malformed"]
+
+
+def report(figures: BridgeFigures, bridge_id: str, now: float) -> bytes:
+    """The bridge's report to the broker, as JSON (its fields: docs/bridge.md).
+
+    The economy as on /metrics, with null where /metrics has NaN (nothing wanted yet).
+    """
+    counters = figures.counters
+    wanted = wanted_records(counters)
+    moved = counters.get("published", 0) + counters.get("publish_retries", 0)
+    document = {
+        "bridge_id": bridge_id,
+        "source_topic": figures.topic,
+        "time": round(now, 3),
+        "records_in": counters.get("records_in", 0),
+        "unwanted_dropped": counters.get("unwanted_dropped", 0),
+        "malformed": counters.get("malformed", 0),
+        "dead_lettered": counters.get("dead_lettered", 0),
+        "refused": counters.get("refused", 0),
+        "wanted": wanted,
+        "published": counters.get("published", 0),
+        "publish_retries": counters.get("publish_retries", 0),
+        "moved_per_wanted": moved / wanted if wanted else None,
+        "read_per_wanted": counters["records_in"] / wanted if wanted else None,
+        "in_flight": figures.in_flight,
+        "lag": sum(p.lag for p in figures.partitions) if figures.partitions else None,
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 def exposition(figures: Callable[[], BridgeFigures]) -> bytes:
