@@ -3,22 +3,30 @@
 Counters are cumulative; the page turns two successive readings into rates. Everything a
 large broker could have many of is bounded: the busiest sessions by pending messages (the
 rest summed in ``others``), the busiest topics and filters (sampled, broker/core/hot.py),
-the mesh's origins without their filter lists.
+the mesh's origins without their filter lists, the bridges' last reports (at most
+``broker.core.reports.MAX_REPORTS``).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from typing import Any
 
 import trio
 
 from broker.core import Broker
+from broker.core.reports import REPORTS_PREFIX, Report
 
 #: Sessions listed by name; the others are summed.
 TOP_SESSIONS = 20
 #: Topics and filters listed.
 TOP_HOT = 10
+#: A bridge report's counts (docs/bridge.md), each a non-negative integer.
+REPORT_COUNTS = ("records_in", "unwanted_dropped", "malformed", "wanted", "published")
+#: A bridge report's ratios: a non-negative number, or null until a record is wanted.
+REPORT_RATIOS = ("moved_per_wanted", "read_per_wanted")
 #: Counters the page shows as rates (cumulative here).
 RATE_COUNTERS = (
     "messages_in",
@@ -44,12 +52,13 @@ def dashboard_snapshot(broker: Broker) -> dict[str, Any]:
         "uptime_seconds": round(broker.uptime, 3),
         "counters": {name: snapshot[name] for name in RATE_COUNTERS},
         "connections": len(broker.connections),
-        "subscriptions": broker.table.statistics().subscriptions,
+        # the table's entries but the broker's own (its bridge reports' subscriber)
+        "subscriptions": broker.table.statistics().subscriptions - len(broker.reports.refs),
         "queued": sum(s.queued for s in sessions),
         "hot": broker.hot.describe(TOP_HOT),
         "sessions": with_ages(broker, sessions_summary(broker.sessions_info())),
         "mesh": mesh_summary(broker),
-        "economy": economy(snapshot),
+        "economy": economy(snapshot, bridge_reports(broker.reports.reports())),
         "store": _store(broker),
     }
 
@@ -112,13 +121,15 @@ def mesh_summary(broker: Broker) -> dict[str, Any]:
     }
 
 
-def economy(snapshot: dict[str, Any]) -> dict[str, Any]:
+def economy(
+    snapshot: dict[str, Any], bridges: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Messages moved per message wanted, as far as the broker can tell.
 
     A message published here that no subscriber (nor peer) wanted was moved for nothing:
     ``moved_per_wanted`` is published / (published - unrouted), 1.0 when everything was
-    wanted. ``deliveries_per_message`` is the fan-out. The Kafka bridge's own figure
-    (records read per record forwarded) does not reach the broker yet: ``bridge`` is None.
+    wanted. ``deliveries_per_message`` is the fan-out. ``bridge``: the Kafka bridges' last
+    reports (``bridge_reports``), None when none has reported to this broker.
     """
     published = snapshot["messages_in"]
     unrouted = snapshot["messages_unrouted"]
@@ -130,8 +141,67 @@ def economy(snapshot: dict[str, Any]) -> dict[str, Any]:
         "delivered": snapshot["messages_out"],
         "moved_per_wanted": published / wanted if wanted > 0 else None,
         "deliveries_per_message": snapshot["messages_out"] / published if published else None,
-        "bridge": None,
+        "bridge": bridges or None,
     }
+
+
+def bridge_reports(reports: list[Report], now: float | None = None) -> list[dict[str, Any]]:
+    """Each bridge's last report as the page shows it: ``bridge`` (the topic's last level),
+    ``age_seconds``, and either ``malformed: False`` with the report's figures or
+    ``malformed: True`` with ``problem``. Never raises, whatever the payload."""
+    now = time.time() if now is None else now
+    out = []
+    for report in reports:
+        entry: dict[str, Any] = {
+            "bridge": report.topic.removeprefix(REPORTS_PREFIX),
+            "topic": report.topic,
+            "age_seconds": round(max(0.0, now - report.received), 3),
+            "bytes": report.size,
+        }
+        try:
+            entry |= {"malformed": False, **parse_report(report.payload)}
+        except ValueError as exc:
+            entry |= {"malformed": True, "problem": str(exc)}
+        out.append(entry)
+    return out
+
+
+def parse_report(payload: bytes | None) -> dict[str, Any]:
+    """The figures of one bridge report (docs/bridge.md); ValueError saying what is wrong."""
+    if payload is None:
+        raise ValueError("too large to keep")
+    try:
+        document = json.loads(payload)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"not JSON: {str(exc)[:100]}") from None
+    if not isinstance(document, dict):
+        raise ValueError(f"not a JSON object but {type(document).__name__}")
+    figures: dict[str, Any] = {}
+    for key in REPORT_COUNTS:
+        value = document.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{key} must be a non-negative integer, got {value!r}"[:160])
+        figures[key] = value
+    for key in REPORT_RATIOS:
+        value = document.get(key)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ValueError(f"{key} must be a non-negative number or null, got {value!r}"[:160])
+        figures[key] = value
+    for key in ("source_topic", "bridge_id"):
+        value = document.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{key} must be a string, got {type(value).__name__}")
+        figures[key] = value[:250] if isinstance(value, str) else None
+    at = document.get("time")
+    if at is not None and (isinstance(at, bool) or not isinstance(at, int | float)):
+        raise ValueError(f"time must be a number, got {type(at).__name__}")
+    figures["time"] = at if at is None or math.isfinite(at) else None
+    return figures
 
 
 def _store(broker: Broker) -> dict[str, Any] | None:
@@ -148,4 +218,12 @@ def _store(broker: Broker) -> dict[str, Any] | None:
     }
 
 
-__all__ = ["dashboard_snapshot", "economy", "mesh_summary", "sessions_summary", "with_ages"]
+__all__ = [
+    "bridge_reports",
+    "dashboard_snapshot",
+    "economy",
+    "mesh_summary",
+    "parse_report",
+    "sessions_summary",
+    "with_ages",
+]
