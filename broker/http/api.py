@@ -147,8 +147,9 @@ def economy(
 
 def bridge_reports(reports: list[Report], now: float | None = None) -> list[dict[str, Any]]:
     """Each bridge's last report as the page shows it: ``bridge`` (the topic's last level),
-    ``age_seconds``, and either ``malformed: False`` with the report's figures or
-    ``malformed: True`` with ``problem``. Never raises, whatever the payload."""
+    ``age_seconds``, ``bytes``, and either ``problem: None`` with the report's figures or
+    ``problem``: what is wrong with it (a malformed report). Never raises, whatever the
+    payload."""
     now = time.time() if now is None else now
     out = []
     for report in reports:
@@ -159,9 +160,9 @@ def bridge_reports(reports: list[Report], now: float | None = None) -> list[dict
             "bytes": report.size,
         }
         try:
-            entry |= {"malformed": False, **parse_report(report.payload)}
+            entry |= {"problem": None, **parse_report(report.payload)}
         except ValueError as exc:
-            entry |= {"malformed": True, "problem": str(exc)}
+            entry["problem"] = str(exc)
         out.append(entry)
     return out
 

@@ -103,9 +103,29 @@ function drawEconomy(e) {
   setText("economy-moved-per-wanted", e.moved_per_wanted === null ? "– (nothing wanted yet)" : number(e.moved_per_wanted, 3));
   setText("economy-fanout", e.deliveries_per_message === null ? "–" : number(e.deliveries_per_message, 3));
   setText("economy-counts", `${number(e.published)} / ${number(e.unrouted)} / ${number(e.delivered)}`);
-  setText("economy-bridge", e.bridge === null || e.bridge === undefined
-    ? "no bridge reports to this broker yet"
-    : number(e.bridge, 3));
+  drawBridges(Array.isArray(e.bridge) ? e.bridge : []);
+}
+
+// Each bridge's last report: its flat-topic cost (read per wanted) against ours (moved per wanted).
+function drawBridges(reports) {
+  setText("economy-bridge", reports.length
+    ? `(${reports.length} reporting)`
+    : "(no bridge reports to this broker yet)");
+  const ratio = (value) => (value === null || value === undefined ? "– (nothing wanted yet)" : number(value, 3));
+  fillRows($("bridges").tBodies[0], reports.map((b) => (b.problem
+    ? {
+      attrs: { "data-bridge": b.bridge },
+      className: "malformed",
+      cells: [[b.bridge, "topic"], [`malformed report: ${b.problem}`, "problem"], ["", ""], ["", ""], ["", ""],
+        ["", ""], ["", ""], ["", ""], ["", ""], [duration(b.age_seconds), "num age"]],
+    }
+    : {
+      attrs: { "data-bridge": b.bridge },
+      cells: [[b.bridge_id ?? b.bridge, "topic"], [b.source_topic ?? "–", "topic"],
+        [ratio(b.read_per_wanted), "num read-per-wanted"], [ratio(b.moved_per_wanted), "num moved-per-wanted"],
+        [number(b.records_in), "num"], [number(b.unwanted_dropped), "num"], [number(b.malformed), "num"],
+        [number(b.wanted), "num wanted"], [number(b.published), "num"], [duration(b.age_seconds), "num age"]],
+    })), "no bridge reports to this broker yet", 10);
 }
 
 function oldestAge(session) {
