@@ -205,3 +205,44 @@ async def test_a_bridge_reports_its_counts_to_the_broker(tansu: Tansu, topic_nam
     assert report["wanted"] == wanted
     assert report["moved_per_wanted"] == 1.0
     assert report["read_per_wanted"] == pytest.approx((N + MALFORMED) / wanted)
+
+
+# -- the page ----------------------------------------------------------------------------------
+
+
+async def test_the_page_shows_each_bridges_economy_and_a_malformed_report() -> None:
+    from tests.test_dashboard import WAIT_SECONDS, _start_browser
+
+    script = """
+        const row = (id) => document.querySelector(`#bridges tr[data-bridge="${id}"]`);
+        const good = row("x"), bad = row("bad");
+        return JSON.stringify({
+            read: good ? good.querySelector("td.read-per-wanted").textContent : null,
+            moved: good ? good.querySelector("td.moved-per-wanted").textContent : null,
+            problem: bad ? bad.querySelector("td.problem").textContent : null,
+        });
+    """
+    async with running_broker(http_listen="127.0.0.1:0") as server:
+        assert server.http is not None
+        host, port = server.http.addresses[0]
+        async with connect(server.addresses[0]) as publisher:
+            await publisher.publish("$SYS/bridges/x", json.dumps(GOOD), confirm=True)
+            await publisher.publish("$SYS/bridges/bad", b"{", confirm=True)
+
+        def browse() -> dict[str, Any]:
+            from selenium.webdriver.support.ui import WebDriverWait
+
+            driver = _start_browser()
+            try:
+                driver.get(f"http://{host}:{port}/")
+                wait = WebDriverWait(driver, WAIT_SECONDS, poll_frequency=0.2)
+                return wait.until(
+                    lambda d: (r := json.loads(d.execute_script(script)))["read"] and r
+                )
+            finally:
+                driver.quit()
+
+        with trio.fail_after(30):
+            shown = await trio.to_thread.run_sync(browse)
+    assert (shown["read"], shown["moved"]) == ("3.000", "1.000")
+    assert shown["problem"].startswith("malformed report: not JSON")

@@ -40,7 +40,7 @@ function setText(id, value) {
   if (node.textContent !== value) node.textContent = value;
 }
 
-// Replace a table body's rows; each row is a list of [text, className].
+// Replace a table body's rows; each row is a list of [text, className, colSpan (optional)].
 function fillRows(tbody, rows, emptyText, columns) {
   const fresh = document.createDocumentFragment();
   if (!rows.length) {
@@ -56,9 +56,10 @@ function fillRows(tbody, rows, emptyText, columns) {
     const tr = document.createElement("tr");
     if (row.attrs) for (const [k, v] of Object.entries(row.attrs)) tr.setAttribute(k, v);
     if (row.className) tr.className = row.className;
-    for (const [text, className] of row.cells) {
+    for (const [text, className, span] of row.cells) {
       const td = document.createElement("td");
       if (className) td.className = className;
+      if (span) td.colSpan = span;
       td.textContent = text;
       tr.appendChild(td);
     }
@@ -116,8 +117,7 @@ function drawBridges(reports) {
     ? {
       attrs: { "data-bridge": b.bridge },
       className: "malformed",
-      cells: [[b.bridge, "topic"], [`malformed report: ${b.problem}`, "problem"], ["", ""], ["", ""], ["", ""],
-        ["", ""], ["", ""], ["", ""], ["", ""], [duration(b.age_seconds), "num age"]],
+      cells: [[b.bridge, "topic"], [`malformed report: ${b.problem}`, "problem", 8], [duration(b.age_seconds), "num age"]],
     }
     : {
       attrs: { "data-bridge": b.bridge },
