@@ -16,7 +16,7 @@ import trio
 from bridges.config import REPORTS_PREFIX as BRIDGE_REPORTS_PREFIX
 from bridges.config import bridge_config_from_dict
 from bridges.tansu import Tansu
-from broker.client import connect
+from broker.client import Client, connect
 from broker.config import ConfigError
 from broker.core import Counters, Message, OutboundLimits
 from broker.core.reports import REPORTS_FILTER, REPORTS_PREFIX, Report, Reports
@@ -139,6 +139,18 @@ async def test_reports_published_to_the_broker_show_up_in_the_dashboard_data() -
     assert (good["bridge"], good["problem"]) == ("x", None)
     assert {key: good[key] for key in GOOD} == GOOD
     assert 0 <= good["age_seconds"] < 5
+
+
+async def test_publish_nowait_skips_rather_than_waits() -> None:
+    async with running_broker() as server:
+        client = Client(server.addresses[0], client_id=None, credentials=None, keepalive=5.0,
+                        reconnect=False, backoff=(0.1, 1.0))  # fmt: skip
+        assert client.publish_nowait("$SYS/bridges/x", b"{}") is False  # not connected
+        async with connect(server.addresses[0]) as connected:
+            assert connected.publish_nowait("$SYS/bridges/x", json.dumps(GOOD).encode())
+            await connected.ping()  # the broker has read what came before
+        [report] = server.broker.reports.reports()
+    assert json.loads(report.payload or b"") == GOOD
 
 
 # -- a real bridge -----------------------------------------------------------------------------
