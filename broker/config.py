@@ -34,6 +34,7 @@ key, never a traceback and never a silently ignored typo.
     [http]                         # operators' port (docs/operations.md); off unless set
     listen = "127.0.0.1:7480"      # /metrics, /healthz, /readyz, /api/stats, the dashboard
     top_sessions = 20              # /metrics: sessions by lag with their own series; + "other"
+    request_timeout = 10.0         # seconds a request (or an idle keep-alive) may take
 
     [peering]                      # peer brokers (docs/peering.md); server_id is the broker id
     peers = ["10.0.0.2:7474"]      # brokers to dial; links are also accepted from any broker
@@ -90,6 +91,7 @@ class BrokerConfig:
     auth_token: str | None = None
     http_listen: str | None = None  # HOST:PORT of the operators' HTTP port; None: off
     http_top_sessions: int = 20  # durable sessions with their own /metrics series, by lag
+    http_request_timeout: float = 10.0  # seconds per request on it, and per idle keep-alive
     peers: tuple[str, ...] = ()
     peer_secret: str | None = None
     hop_limit: int = 16
@@ -135,7 +137,11 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "group_prefetch": "group_prefetch",
     },
     "auth": {"token": "auth_token"},
-    "http": {"listen": "http_listen", "top_sessions": "http_top_sessions"},
+    "http": {
+        "listen": "http_listen",
+        "top_sessions": "http_top_sessions",
+        "request_timeout": "http_request_timeout",
+    },
     "peering": {
         "peers": "peers",
         "secret": "peer_secret",
@@ -172,6 +178,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "auth_token": (str, type(None)),
     "http_listen": (str, type(None)),
     "http_top_sessions": (int,),
+    "http_request_timeout": (int, float),
     "peers": (tuple,),
     "peer_secret": (str, type(None)),
     "hop_limit": (int,),
@@ -201,7 +208,7 @@ def _check(cfg: BrokerConfig) -> None:
             f"max_payload must be in 1..max_frame-512 ({cfg.max_frame - 512}) so that a MSG "
             f"carrying it fits in a frame, got {cfg.max_payload}"
         )
-    for name in ("keepalive", "shutdown_timeout", "hello_timeout"):
+    for name in ("keepalive", "shutdown_timeout", "hello_timeout", "http_request_timeout"):
         if not 0 < getattr(cfg, name) <= 86400:
             raise ConfigError(f"{name} must be in (0, 86400] seconds, got {getattr(cfg, name)}")
     if cfg.overflow not in ("drop-oldest", "reject-publish"):

@@ -132,7 +132,9 @@ async def run_broker(
             await nursery.start(broker.peering.run)
             operators = trio.CancelScope()
             if config.http_listen is not None:
-                server.http = HttpServer(broker_routes(broker))
+                server.http = HttpServer(
+                    broker_routes(broker), request_timeout=config.http_request_timeout
+                )
                 await nursery.start(_serve_http, server.http, config.http_listen, operators)
             await nursery.start(server.serve, listeners)
             task_status.started(server)

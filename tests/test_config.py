@@ -29,6 +29,8 @@ def test_file_values_apply_and_flags_override_them(tmp_path: Path) -> None:
         ("[server]\nlog_format = 'xml'\n", "log_format must be"),
         ("[limits]\nkeepalive = -1\n", "keepalive must be in"),
         ("[limits]\nmax_payload = 2000000\n", "max_payload must be in"),
+        ("[http]\nrequest_timeout = 0\n", "http_request_timeout must be in (0, 86400]"),
+        ("[http]\nrequest_timeout = 'x'\n", "http_request_timeout must be int or float"),
         ("[server\n", "not valid TOML"),
         ("server = 1\n", "server must be a table"),
     ],
@@ -36,6 +38,16 @@ def test_file_values_apply_and_flags_override_them(tmp_path: Path) -> None:
 def test_bad_config_files_are_refused_with_the_reason(tmp_path: Path, text: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says.replace("[", r"\[").replace("(", r"\(")):
         build_config(write(tmp_path, text))
+
+
+def test_http_request_timeout_comes_from_the_file_and_defaults_to_the_servers(
+    tmp_path: Path,
+) -> None:
+    from broker.http.server import REQUEST_TIMEOUT
+
+    assert BrokerConfig().http_request_timeout == REQUEST_TIMEOUT
+    path = write(tmp_path, '[http]\nlisten = "127.0.0.1:0"\nrequest_timeout = 2.5\n')
+    assert build_config(path).http_request_timeout == 2.5
 
 
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
