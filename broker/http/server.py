@@ -27,6 +27,8 @@ RECEIVE_SIZE = 64 * 1024
 MAX_REQUEST_HEAD = 16 * 1024
 REQUEST_TIMEOUT = 10.0
 SERVER_NAME = b"topiary"
+LINGER_SECONDS = 1.0  # after an error answer: time to send it and drain the client's rest
+LINGER_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +129,7 @@ class HttpServer:
                 )
                 return False
         if request is None:  # EOF, or too slow
-            if conn.their_state is not h11.DONE and conn.their_state is not h11.IDLE:
+            if _started(conn):
                 self.counters.bad_requests += 1
                 await self._send_if_possible(stream, conn, text(408, "request timeout\n"))
             return False
@@ -206,8 +208,31 @@ class HttpServer:
             data += conn.send(h11.Data(data=response.body)) + conn.send(h11.EndOfMessage())
         except h11.LocalProtocolError:
             return
-        with trio.move_on_after(1.0):
+        with trio.move_on_after(LINGER_SECONDS):
             await stream.send_all(data)
+            await _linger(stream)
+
+
+async def _linger(stream: trio.abc.Stream) -> None:
+    """Half-close, then read and drop what the client still sends (bounded by the caller's
+    deadline and LINGER_BYTES): closing with unread input makes the kernel send a reset,
+    which can destroy the error answer before the client has read it."""
+    if isinstance(stream, trio.abc.HalfCloseableStream):
+        await stream.send_eof()
+    drained = 0
+    while drained < LINGER_BYTES:
+        data = await stream.receive_some(RECEIVE_SIZE)
+        if not data:
+            return
+        drained += len(data)
+
+
+def _started(conn: h11.Connection) -> bool:
+    """Whether the client began a request it has not finished: h11 stays IDLE until the
+    whole head is in, so bytes waiting in its buffer count too (a slowloris)."""
+    if conn.their_state is not h11.DONE and conn.their_state is not h11.IDLE:
+        return True
+    return bool(conn.trailing_data[0])
 
 
 def _reason(response: Response) -> bytes:
