@@ -108,6 +108,8 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
@@ -923,6 +925,7 @@ def _phase(
             received / max((max(done) - first) / 1e9, 1e-9) if done and received else None
         ),
         "seconds_to_last_marker": (max(done) - first) / 1e9 if done else None,
+        "first_publish_ns": first,  # CLOCK_MONOTONIC, comparable across processes
         "dropped": delta("dropped"),
         "messages_in": delta("messages_in"),
         "messages_out": delta("messages_out"),
@@ -970,7 +973,14 @@ def run_publish_scenario(
     ctx: Any,
     log_dir: Path,
     profile_dir: Path | None = None,
+    *,
+    config: Path | None = None,
+    alongside: Callable[[BrokerProcess], AbstractContextManager[dict[str, Any]]] | None = None,
+    log_name: str | None = None,
 ) -> dict[str, Any]:
+    """One publish scenario on a fresh broker (settings from ``config`` if given). With
+    ``alongside``, its context runs from the broker's start to the end of the phases and
+    what it yields (filled in as it ends) is the result's "alongside"."""
     sc = build_scenario(name, params, seed)
     topics = _publisher_topics(sc.publisher_topics, seed)
     result: dict[str, Any] = {
@@ -984,10 +994,15 @@ def run_publish_scenario(
     broker: BrokerProcess | None = None
     workers: list[Worker] = []
     started = time.monotonic()
+    beside = contextlib.ExitStack()
     try:
-        broker = start_broker(log_dir / f"{name}.log", _profile_path(profile_dir, name))
+        broker = start_broker(
+            log_dir / f"{log_name or name}.log", _profile_path(profile_dir, name), config=config
+        )
         result["broker_pid"] = broker.pid
         result["broker_log"] = str(broker.log_path)
+        if alongside is not None:
+            result["alongside"] = beside.enter_context(alongside(broker))
         subs = [
             Worker(ctx, subscriber_main, (broker.port, conns), f"{name}-sub{i}")
             for i, conns in enumerate(sc.processes)
@@ -1001,6 +1016,7 @@ def run_publish_scenario(
         result["setup_seconds"] = time.monotonic() - started
         result["throughput"] = _phase("a", sc, subs, pub, broker, params, topics)
         result["latency"] = _phase("b", sc, subs, pub, broker, params, topics)
+        beside.close()
         status = proc_status(broker.pid)
         result["broker_rss_mb"] = status.get("VmRSS")
         result["broker_hwm_mb"] = status.get("VmHWM")
@@ -1008,11 +1024,14 @@ def run_publish_scenario(
     except (BenchError, OSError, trio.TooSlowError) as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        for worker in workers:
-            worker.stop()
-        if broker is not None:
-            result["broker_stop"] = stop_broker(broker)
-            result["broker_log_summary"] = scan_log(broker.log_path)
+        try:
+            beside.close()
+        finally:
+            for worker in workers:
+                worker.stop()
+            if broker is not None:
+                result["broker_stop"] = stop_broker(broker)
+                result["broker_log_summary"] = scan_log(broker.log_path)
     result["seconds"] = time.monotonic() - started
     return result
 
