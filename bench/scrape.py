@@ -70,6 +70,7 @@ SCRAPE_TIMEOUT = 10.0  # Prometheus' default scrape_timeout
 SCRAPE_INTERVAL = 1.0
 QUICK_SCRAPE_INTERVAL = 0.25
 METRICS_PATH = "/metrics"
+FAILURES = (OSError, trio.BrokenResourceError, trio.TooSlowError, h11.ProtocolError, BenchError)
 
 
 # -- the scraper (a worker process) -----------------------------------------------------------
@@ -129,8 +130,9 @@ async def _scrape_loop(
             with trio.fail_after(SCRAPE_TIMEOUT):
                 record["status"], body = await client.get(METRICS_PATH)
             record["bytes"] = len(body)
-            last[:] = [body]
-        except (OSError, trio.BrokenResourceError, trio.TooSlowError, h11.ProtocolError) as exc:
+            if record["status"] == 200:
+                last[:] = [body]
+        except FAILURES as exc:
             record["error"] = f"{type(exc).__name__}: {exc}"
             await client.close()
         record["seconds"] = time.perf_counter() - began
@@ -143,7 +145,7 @@ async def _until_serving(client: MetricsClient, timeout: float) -> None:
             try:
                 if (await client.get("/healthz"))[0] == 200:
                     return
-            except OSError:
+            except FAILURES:
                 await client.close()
             await trio.sleep(0.05)
 
