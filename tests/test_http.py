@@ -137,7 +137,7 @@ async def test_binary_garbage_costs_one_connection() -> None:
 
 
 async def test_a_slowloris_is_closed_by_the_server_while_both_ports_keep_serving() -> None:
-    timeout = 1.0
+    timeout = 2.0
     async with broker_with_http(http_request_timeout=timeout) as server:
         assert server.http is not None and server.http.request_timeout == timeout
         address = http_address(server)
