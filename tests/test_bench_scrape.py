@@ -35,11 +35,13 @@ def test_quick_run_compares_plain_and_scraped_brokers(quick_run: tuple) -> None:
         assert scrape["errors"] == []
         assert scrape["bytes_last"] > 0 and scrape["last_families"] > 0
         assert 0 < scrape["ms_p50"] <= scrape["ms_max"]
+        assert scrape["broker_cpu_ms_per_scrape"] >= 0 and 0 <= scrape["cpu_share"] < 1
         comparison = report["comparison"][name]
+        assert comparison["implied_ratio"] is not None
         assert comparison["ratio"] == pytest.approx(
             comparison["scraped_delivered_per_second"] / comparison["plain_delivered_per_second"]
         )
-    assert [g["status"] in ("PASS", "FAIL") for g in report["goals"]] == [True] * len(SCENARIOS)
+    assert [g["status"] in ("PASS", "FAIL") for g in report["goals"]] == [True] * 2 * len(SCENARIOS)
 
 
 def test_quick_run_leaves_no_process_behind(quick_run: tuple) -> None:
@@ -64,4 +66,4 @@ def test_quick_run_prints_both_runs_and_the_ratio(quick_run: tuple) -> None:
     assert sorted(rows) == sorted([n, v] for n in SCENARIOS for v in ("plain", "scraped"))
     ratio = next(i for i, line in enumerate(lines) if "ratio" in line and i > header)
     assert [line.split()[0] for line in lines[ratio + 2 : ratio + 4]] == list(SCENARIOS)
-    assert sum(line.startswith("check") for line in lines) == len(SCENARIOS)
+    assert sum(line.startswith("check") for line in lines) == 2 * len(SCENARIOS)
