@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in ratio_lines(report["comparison"]):
         print(line)
-    print_ending(report, lambda v: fmt(v, ".3f"))
+    print_ending(report, lambda v: fmt(v, ".4f"))
     write_report(report, args.json)
     return 1 if failed else 0
 
