@@ -64,7 +64,7 @@ def test_quick_run_writes_every_scenario(quick_run: tuple) -> None:
     assert sub["unsubscribe_seconds"] > 0 and sub["unsubscribes_per_second"] > 0
     assert sub["subscribe_errors"] == sub["unsubscribe_errors"] == 0
     assert sub["broker_subscribes"] == sub["broker_unsubscribes"] == sub["count"]
-    assert sub["table_entries_after"] == 0
+    assert sub["table_entries_after"] == sub["table_entries_before"]  # every UNSUB took
     assert {g["status"] for g in report["goals"]} <= {"PASS", "FAIL", "not measured"}
     goals = " ".join(g["goal"] for g in report["goals"])
     for name in GOAL_SCENARIOS:
