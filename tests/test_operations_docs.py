@@ -19,9 +19,9 @@ SUFFIXES = ("_bucket", "_count", "_sum")
 
 
 def documented() -> set[str]:
-    """The metric names in docs/metrics.md's tables."""
+    """The metric names in the tables of docs/operations.md."""
     return set(
-        re.findall(r"^\| `(topiary_[a-z0-9_]+)` \|", (DOCS / "metrics.md").read_text(), re.M)
+        re.findall(r"^\| `(topiary_[a-z0-9_]+)` \|", (DOCS / "operations.md").read_text(), re.M)
     )
 
 
