@@ -13,8 +13,7 @@ from typing import Any
 
 import trio
 
-from broker.address import split_address
-from broker.commands import UsageError, tune_gc
+from broker.commands import UsageError, listen_address, tune_gc
 
 HTTP_HELP = "serve /metrics, /healthz and /readyz there (overrides [http] listen)"
 
@@ -28,14 +27,14 @@ def register(commands: Any) -> None:
     )
     kafka.add_argument("--config", required=True, help="bridge TOML file (see docs/bridge.md)")
     kafka.add_argument("--log-format", choices=["console", "json"], default="console")
-    kafka.add_argument("--http", type=_listen, metavar="HOST:PORT", help=HTTP_HELP)
+    kafka.add_argument("--http", type=listen_address, metavar="HOST:PORT", help=HTTP_HELP)
     kafka.set_defaults(run=bridge_kafka, prog="topiary bridge kafka")
     spark = kinds.add_parser(
         "spark", help="the same bridge as a Spark Structured Streaming job (docs/spark.md)"
     )
     spark.add_argument("--config", required=True, help="bridge TOML file with a [spark] table")
     spark.add_argument("--log-format", choices=["console", "json"], default="console")
-    spark.add_argument("--http", type=_listen, metavar="HOST:PORT", help=HTTP_HELP)
+    spark.add_argument("--http", type=listen_address, metavar="HOST:PORT", help=HTTP_HELP)
     spark.add_argument(
         "--available-now",
         action="store_true",
@@ -82,15 +81,6 @@ def bridge_spark(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     configure_logging(args.log_format)
     return run_spark_bridge(config, available_now=args.available_now)
-
-
-def _listen(text: str) -> str:
-    """An address to listen on: HOST:PORT, port 0 for any free one."""
-    try:
-        split_address(text, default_port=None, listening=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text.strip()
 
 
 def with_http(config: Any, args: argparse.Namespace) -> Any:

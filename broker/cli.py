@@ -23,7 +23,7 @@ import trio
 
 import routing
 from broker.address import DEFAULT_PORT, parse_server, split_address
-from broker.commands import COMMANDS_GROUP, UsageError, tune_gc
+from broker.commands import COMMANDS_GROUP, UsageError, listen_address, tune_gc
 
 DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
 
@@ -84,15 +84,6 @@ def _host_port(text: str) -> str:
     return text.strip()
 
 
-def _listen(text: str) -> str:
-    """An address to listen on: HOST:PORT, port 0 for any free one."""
-    try:
-        split_address(text, default_port=None, listening=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text.strip()
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="topiary", description="A smart event broker gateway.")
     parser.add_argument("--version", action="version", version="topiary 0.1.0")
@@ -122,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--http",
-        type=_listen,
+        type=listen_address,
         metavar="HOST:PORT",
         help="serve /metrics, /healthz, /readyz and the dashboard page there (docs/operations.md)",
     )

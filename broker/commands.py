@@ -10,13 +10,25 @@ importing it would get a second, different ``UsageError``.)
 
 from __future__ import annotations
 
+import argparse
 import gc
+
+from broker.address import split_address
 
 COMMANDS_GROUP = "topiary.commands"
 
 
 class UsageError(Exception):
     """A bad argument, reported as one line with exit status 2."""
+
+
+def listen_address(text: str) -> str:
+    """An argparse type: an address to listen on, HOST:PORT, port 0 for any free one."""
+    try:
+        split_address(text, default_port=None, listening=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
 
 
 def tune_gc() -> None:
