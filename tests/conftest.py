@@ -25,7 +25,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 @contextlib.asynccontextmanager
 async def running_broker(**overrides: object) -> AsyncIterator[Server]:
     """A broker on a free 127.0.0.1 port, shut down gracefully at the end."""
-    config = BrokerConfig(port=0, **overrides)  # type: ignore[arg-type]
+    config = BrokerConfig(**{"port": 0, **overrides})  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
         server: Server = await nursery.start(run_broker, config)
         try:

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import pytest
 import trio
 
+from bridges.kafka import Bridge
 from bridges.tansu import Tansu, TansuUnavailable, free_port, start_tansu
-from broker.client import connect
+from broker.client import BrokerError, connect
 from tests.bridgekit import beacon, bridge_config, json_values, produce, running_bridge, wait_until
 from tests.conftest import running_broker
 from tests.faultproxy import FaultProxy
@@ -114,3 +115,48 @@ async def test_kafka_going_away_mid_stream_resumes_without_loss(
                 with trio.move_on_after(0.5):
                     got.append(await sub.get())  # one more would be a duplicate
     assert sorted(got) == list(range(600))
+
+
+async def test_a_broker_that_comes_back_refusing_the_token_ends_the_bridge(
+    tansu: Tansu, topic_name: str
+) -> None:
+    """The bridge's client gives up on a refusal for good after a reconnect, and the bridge
+    ends with it instead of retrying forever."""
+    tansu.create_topic(topic_name, 1)
+    port = free_port()
+    config = bridge_config(
+        tansu, f"127.0.0.1:{port}", topic_name, broker={"token": "old"}, bridge={"backoff_max": 0.2}
+    )
+    bridge = Bridge(config)
+    with pytest.raises(BaseExceptionGroup) as ended:
+        async with trio.open_nursery() as nursery:
+            async with running_broker(port=port, auth_token="old") as first:
+                token = {"token": "old"}
+                async with connect(first.addresses[0], credentials=token) as client:
+                    async with client.subscribe("beacon/>") as sub:
+                        await nursery.start(bridge.run)
+                        await trio.to_thread.run_sync(
+                            lambda: produce(tansu, topic_name, json_values([beacon(0)]))
+                        )
+                        with trio.fail_after(30):
+                            await sub.get()  # the bridge publishes to this broker
+            async with running_broker(port=port, auth_token="new") as second:
+                token = {"token": "new"}
+                async with connect(second.addresses[0], credentials=token) as client:
+                    async with client.subscribe("beacon/>"):  # so the bridge publishes again
+                        await trio.to_thread.run_sync(
+                            lambda: produce(tansu, topic_name, json_values([beacon(1)]))
+                        )
+                        with trio.fail_after(30):
+                            await trio.sleep_forever()  # until the bridge ends the nursery
+    refusals = ended.value.subgroup(BrokerError)
+    assert refusals is not None, ended.value
+    assert {leaf.code for leaf in _leaves(refusals)} == {"AUTH_FAILED"}
+
+
+def _leaves(group: BaseExceptionGroup) -> list:  # type: ignore[type-arg]
+    """The exceptions inside (nested) exception groups."""
+    found = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
