@@ -8,7 +8,8 @@ O(cache size) per subscribe; instead the cached topics are also kept in a
 small trie of plain dicts, which the filter walks: a literal level follows
 one child, a wildcard fans out only where it must. When the filter starts
 with a wildcard it can reach every cached topic, and dropping the whole cache
-is cheaper than walking it. Topics join that index only when a filter is
+is cheaper than walking it; a ``$`` prefix first level (``$SYS*``) only reaches
+system topics, so it walks. Topics join that index only when a filter is
 invalidated (or the oldest are swept one by one): subscriptions change rarely
 next to publishes, and a cold topic stream would otherwise build an index
 path for every miss only to drop it at the next sweep.
@@ -128,7 +129,7 @@ class MatchCache:
         """Forget every cached topic ``flt`` can match."""
         if not self.results:
             return
-        if not flt.levels or flt.levels[0].__class__ is not str:
+        if flt.excludes_system:  # a wildcard first level: it can reach every cached topic
             self.clear()
             return
         if self._unindexed:

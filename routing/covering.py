@@ -65,9 +65,7 @@ def _cheapest(specific: Filter, i: int) -> int:
     if token.__class__ is str:
         return _size(token) if _can_appear_in_topic(token) else _IMPOSSIBLE  # type: ignore[arg-type]
     prefix = "" if token is STAR else token.prefix  # type: ignore[union-attr]
-    if i == 0 and prefix.startswith("$"):
-        return _IMPOSSIBLE  # a wildcard first level never matches a system topic
-    return max(_size(prefix), 1)
+    return max(_size(prefix), 1)  # `*` at level 0 takes a non-`$` value, `$*` takes `$`
 
 
 def _cheapest_rejected(general: Filter, specific: Filter, i: int) -> int:
@@ -79,16 +77,13 @@ def _cheapest_rejected(general: Filter, specific: Filter, i: int) -> int:
             return _IMPOSSIBLE
         return _size(token)  # type: ignore[arg-type]
     prefix = "" if token is STAR else token.prefix  # type: ignore[union-attr]
-    if i == 0 and prefix.startswith("$"):
-        return _IMPOSSIBLE
-    # A wildcard level of `specific` at level 0 excludes `$` values, and so does
-    # `general` there unless it starts with a literal: the `$` rule cannot
-    # separate them, only the token can.
+    # At level 0 `specific`'s `*` (or `>`/`#`) takes only non-`$` values and a `$`
+    # prefix only `$` ones; `general`'s `*` (or `>`/`#`) there rejects every `$` value.
     other = _token_at(general, i)
     if other is None:
         return _IMPOSSIBLE  # handled as a level-count deviation
     if other is STAR:
-        return _IMPOSSIBLE
+        return _size(prefix) if i == 0 and prefix.startswith("$") else _IMPOSSIBLE
     if other.__class__ is str:
         if prefix:
             return _size(prefix) + (1 if prefix == other else 0)

@@ -9,6 +9,10 @@ more levels, so ``a/#`` matches ``a``. ``*`` and ``>`` are ordinary
 characters there; since topics never contain them, a level holding them can
 never match.
 
+The ``$`` rule: a first level ``*``, ``+``, ``>``, ``#`` or prefix not
+starting with ``$`` never matches a system topic (``$SYS/...``); a first
+level prefix that starts with ``$`` (``$*``, ``$SYS*``) names them and does.
+
 Both dialects compile to the same tokens (a literal ``str``, ``STAR``,
 ``Prefix``) plus an optional trailing ``Rest``, so the trie, the cache and
 the covering check handle one model. A native and an MQTT filter with the
@@ -100,8 +104,11 @@ class Filter:
 
     @property
     def excludes_system(self) -> bool:
-        """True when the first level is a wildcard, so ``$`` topics are not matched."""
-        return not self.levels or self.levels[0].__class__ is not str
+        """True when ``$`` topics are kept away: a first ``*``, ``>``, ``#`` or non-``$`` prefix."""
+        if not self.levels:
+            return True
+        first = self.levels[0]
+        return first.__class__ is not str and (first is STAR or first.prefix[:1] != "$")  # type: ignore[union-attr]
 
     @property
     def is_literal(self) -> bool:

@@ -37,7 +37,8 @@ from routing.filters import NATIVE, STAR, Filter
 from routing.trie import MatchTrie
 
 # The value a sample gives a wildcard level: one byte, like the `*`, `+`, `>` or `#` it
-# stands for, so a sample is never longer than its filter; never starts with `$`.
+# stands for, so a sample is never longer than its filter; never starts with `$` (a sample
+# starts with `$` only when its filter names system topics: `$SYS/x`, `$SYS*/>`).
 _FILL: Final = "x"
 
 
@@ -63,15 +64,16 @@ def sample_levels(flt: Filter) -> tuple[str, ...] | None:
     """The levels of one valid topic ``flt`` matches; None when it matches none.
 
     Wildcards become ``"x"``, a prefix level ``abc*`` becomes ``abc`` (which
-    it matches), ``>`` one ``"x"`` level, ``#`` none (one if it is the whole
-    filter). Each level is no longer than the filter level it comes from, so
-    the sample is within the byte and level limits whenever ``flt`` is.
+    it matches; ``$*`` becomes ``$``), ``>`` one ``"x"`` level, ``#`` none
+    (one if it is the whole filter). Each level is no longer than the filter
+    level it comes from, so the sample is within the byte and level limits
+    whenever ``flt`` is.
     """
     if flt.dialect == NATIVE and "*" not in flt.text:  # literals, maybe a trailing '>'
         literals: tuple[str, ...] = flt.levels  # type: ignore[assignment]
         return literals if flt.rest is None else (*literals, _FILL)
     levels: list[str] = []
-    for i, token in enumerate(flt.levels):
+    for token in flt.levels:
         if token.__class__ is str:
             if "*" in token or ">" in token:  # mqtt only: a character no topic holds
                 return None
@@ -79,17 +81,14 @@ def sample_levels(flt: Filter) -> tuple[str, ...] | None:
         elif token is STAR:
             levels.append(_FILL)
         else:
-            prefix: str = token.prefix  # type: ignore[union-attr]
-            if i == 0 and prefix.startswith("$"):  # a wildcard first level hides `$` topics
-                return None
-            levels.append(prefix)
+            levels.append(token.prefix)  # type: ignore[union-attr]
     if flt.rest is not None:
         levels.extend([_FILL] * max(flt.rest.min_levels, 0 if levels else 1))
     return tuple(levels)
 
 
 def matches_nothing(flt: Filter) -> bool:
-    """True when no valid topic matches ``flt`` (mqtt ``a/*``, native ``$*/a``)."""
+    """True when no valid topic matches ``flt`` (mqtt ``a/*``; never a native filter)."""
     return sample_levels(flt) is None
 
 
@@ -170,9 +169,14 @@ class _SampleIndex:
                 if child is not None:
                     stack.append((child, i + 1))
                 continue
-            prefix = "" if token is STAR else token.prefix  # type: ignore[union-attr]
+            if token is STAR:  # at level 0 it hides `$` samples
+                for level, child in node.items():
+                    if level and not (i == 0 and level[0] == "$"):
+                        stack.append((child, i + 1))
+                continue
+            prefix = token.prefix  # type: ignore[union-attr]  # never "": that is STAR
             for level, child in node.items():
-                if level and level.startswith(prefix) and not (i == 0 and level[0] == "$"):
+                if level.startswith(prefix):  # a `$` prefix names `$` samples
                     stack.append((child, i + 1))
         return found
 

@@ -3,8 +3,9 @@
 A topic is UTF-8, 1..250 bytes, at most 128 levels separated by ``/``, with
 no empty level, no NUL and no ``*`` or ``>`` anywhere. A topic whose first
 level starts with ``$`` is a system topic, which wildcard-first filters do
-not match. ``split_topic`` is on the hot path of every match, so it checks
-with C-level string methods and only builds a detailed message on failure.
+not match unless the wildcard is a ``$`` prefix (``$*``, ``$SYS*``).
+``split_topic`` is on the hot path of every match, so it checks with C-level
+string methods and only builds a detailed message on failure.
 """
 
 from __future__ import annotations
@@ -102,5 +103,5 @@ def validate_topic(topic: str) -> None:
 
 
 def is_system_topic(topic: str) -> bool:
-    """System topics (``$SYS/...``) are hidden from wildcard-first filters."""
+    """System topics (``$SYS/...``): only literal or ``$``-prefix first levels match them."""
     return topic.startswith("$")

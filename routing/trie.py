@@ -163,9 +163,15 @@ class MatchTrie:
         root = self._root
         first = levels[0]
         if first[0] == "$":
-            # System topic: only a literal first level may match it.
+            # System topic: only a literal first level or a `$` prefix (`$*`, `$SYS*`) may
+            # match it; a non-empty prefix that fits `first` starts with `$`.
             child = root.literal.get(first) if root.literal else None
             nodes = [child] if child is not None else []
+            prefixes = root.prefixes
+            if prefixes is not None:
+                nodes.extend(
+                    child for prefix, child in prefixes.items() if first.startswith(prefix)
+                )
             start = 1
         else:
             nodes = [root]

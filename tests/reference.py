@@ -8,6 +8,7 @@ of the spec rather than against themselves.
 from __future__ import annotations
 
 import re
+from functools import cache
 
 LEVEL = r"[^/]+"
 
@@ -24,6 +25,7 @@ def _level_regex(level: str, dialect: str) -> str:
     return re.escape(level)
 
 
+@cache
 def filter_regex(text: str, dialect: str) -> re.Pattern[str]:
     levels = text.split("/")
     tail = ""
@@ -42,14 +44,15 @@ def filter_regex(text: str, dialect: str) -> re.Pattern[str]:
     return re.compile(body)
 
 
-def first_level_is_wildcard(text: str, dialect: str) -> bool:
+def first_level_hides_system(text: str, dialect: str) -> bool:
+    """DESIGN.md's `$` rule: a first `*`, `>`, `+`, `#` or prefix not starting with `$`."""
     first = text.split("/")[0]
     if dialect == "native":
-        return "*" in first or first == ">"
+        return first in ("*", ">") or (first.endswith("*") and not first.startswith("$"))
     return first in ("+", "#")
 
 
 def ref_matches(text: str, dialect: str, topic: str) -> bool:
-    if topic.startswith("$") and first_level_is_wildcard(text, dialect):
+    if topic.startswith("$") and first_level_hides_system(text, dialect):
         return False
     return filter_regex(text, dialect).fullmatch(topic) is not None

@@ -12,7 +12,7 @@ def filled(topics: list[str], size: int = 100) -> MatchCache:
     return cache
 
 
-TOPICS = ["a/b/c", "a/b/d", "a/x/c", "a/bc/c", "b/b/c", "a", "a/b", "$s/b"]
+TOPICS = ["a/b/c", "a/b/d", "a/x/c", "a/bc/c", "b/b/c", "a", "a/b", "$s/b", "$s", "$t/b"]
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,10 @@ TOPICS = ["a/b/c", "a/b/d", "a/x/c", "a/bc/c", "b/b/c", "a", "a/b", "$s/b"]
         ("a/b/+", "mqtt", {"a/b/c", "a/b/d"}),
         ("z/>", "native", set()),
         ("$s/*", "native", {"$s/b"}),
+        ("$*", "native", {"$s"}),  # a `$` prefix first level names system topics
+        ("$*/b", "native", {"$s/b", "$t/b"}),
+        ("$s*/>", "native", {"$s/b"}),
+        ("$*/b", "mqtt", set()),  # mqtt `$*` is a literal no topic holds
     ],
 )
 def test_invalidate_drops_exactly_the_matching_topics(
@@ -41,6 +45,12 @@ def test_wildcard_first_filter_clears_the_whole_cache() -> None:
     cache.invalidate(parse_filter("*/b"))
     assert len(cache) == 0
     assert cache.statistics().clears == 1
+
+
+def test_dollar_prefix_first_filter_walks_instead_of_clearing() -> None:
+    cache = filled(TOPICS)
+    cache.invalidate(parse_filter("$*/>"))
+    assert cache.statistics().clears == 0
 
 
 def test_sweep_keeps_the_newest_entries() -> None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from routing import TopicError, covers, parse_filter
 from routing.filters import Filter
+from tests.reference import ref_matches
 
 
 def f(text: str, dialect: str = "native") -> Filter:
@@ -43,9 +44,23 @@ def f(text: str, dialect: str = "native") -> Filter:
         (f("#", "mqtt"), f("$SYS/#", "mqtt"), False),
         (f("$SYS/>"), f("$SYS/x/y"), True),
         (f("*/x"), f("$a/x"), False),
+        (f("$*/>"), f("$SYS/a"), True),  # a `$` prefix first level names system topics
+        (f(">"), f("$SYS/a"), False),
+        (f("$*/>"), f(">"), False),  # '>' matches no system topic, `$*/>` only those
+        (f(">"), f("$*/>"), False),
+        (f("*/>"), f("$*/>"), False),
+        (f("#", "mqtt"), f("$*/#", "mqtt"), True),  # mqtt `$*` is a literal: matches nothing
+        (f("$*"), f("$SYS*"), True),
+        (f("$SYS*"), f("$*"), False),
+        (f("$SYS*/>"), f("$SYS/>"), True),
+        (f("$SYS/>"), f("$SYS*/>"), False),
+        (f("$*"), f("*"), False),
+        (f("*"), f("$*"), False),
+        (f("$*"), f("$"), True),
+        (f("$SYS*/>"), f("SYS/a"), False),
+        (f("a*"), f("$a*"), False),
         # filters that match nothing are covered by anything
         (f("a"), f("b/*", "mqtt"), True),  # literal '*' never appears in topics
-        (f("a"), f("$*/b"), True),  # a prefix wildcard first level hides $ topics
         (f("b/*", "mqtt"), f("a"), False),
     ],
 )
@@ -83,11 +98,11 @@ def test_byte_limit_bounds_how_many_levels_a_rest_wildcard_can_add() -> None:
 
 # Brute force: every topic of up to 3 levels over a small alphabet. The
 # alphabet holds a witness for every way a filter drawn below can fail:
-# each prefix plus one character, a character differing from each first
-# character, and a `$` level.
-TOPIC_LEVELS = ["a", "b", "$", "aa", "ab", "ba", "bb", "a$", "$a", "$b", "b$", "$$"]
-TOPICS = [list(levels) for n in (1, 2, 3) for levels in itertools.product(TOPIC_LEVELS, repeat=n)]
-NATIVE = ["a", "b", "ab", "$a", "*", "a*", "b*", "$*", ">"]
+# each prefix plus one character (`$a*` included), a character differing
+# from each first character, and `$` levels.
+TOPIC_LEVELS = ["a", "b", "$", "aa", "ab", "ba", "bb", "a$", "$a", "$b", "b$", "$$", "$aa", "$a$"]
+TOPICS = ["/".join(t) for n in (1, 2, 3) for t in itertools.product(TOPIC_LEVELS, repeat=n)]
+NATIVE = ["a", "b", "ab", "$a", "*", "a*", "b*", "$*", "$a*", ">"]
 MQTT = ["a", "b", "ab", "$a", "+", "#", "*"]
 
 
@@ -107,7 +122,12 @@ def small_filters(draw: st.DrawFn) -> Filter:
 
 
 def brute_covers(general: Filter, specific: Filter) -> bool:
-    return all(general.matches_levels(t) for t in TOPICS if specific.matches_levels(t))
+    """covers() by its definition, over the reference matcher (the `$` rule included)."""
+    return all(
+        ref_matches(general.text, general.dialect, t)
+        for t in TOPICS
+        if ref_matches(specific.text, specific.dialect, t)
+    )
 
 
 @settings(max_examples=400, deadline=None)

@@ -90,7 +90,17 @@ CASES = [
     # the $ rule
     ("*/x", "native", "$SYS/x", False),
     (">", "native", "$SYS/x", False),
-    ("$*", "native", "$SYS", False),  # a prefix wildcard first level is a wildcard
+    ("$*", "native", "$SYS", True),  # a `$` prefix first level names system topics
+    ("$*", "native", "$", True),
+    ("$*", "native", "$SYS/x", False),  # one level only
+    ("$*", "native", "SYS", False),
+    ("$SYS*/>", "native", "$SYS/broker/load", True),
+    ("$SYS*/>", "native", "$SYSX/a", True),
+    ("$SYS*/>", "native", "SYS/a", False),
+    ("$SYS*/>", "native", "$SYS", False),  # '>' needs one more level
+    ("*/>", "native", "$SYS/a", False),
+    ("a*", "native", "$a", False),
+    ("$*/#", "mqtt", "$SYS/a", False),  # '*' is ordinary in mqtt: no `$` prefix there
     ("$SYS/>", "native", "$SYS/x", True),
     ("$SYS/*", "native", "$SYS/x", True),
     ("#", "mqtt", "$SYS/x", False),
@@ -106,6 +116,36 @@ def test_filter_semantics(text: str, dialect: str, topic: str, expected: bool) -
     assert ref_matches(text, dialect, topic) is expected
 
 
+def test_a_dollar_prefix_first_level_matches_one_level_system_topics() -> None:
+    assert parse_filter("$*").matches("$x")
+
+
+def test_a_dollar_prefix_first_level_then_rest_matches_system_topics_below() -> None:
+    assert parse_filter("$SYS*/>").matches("$SYS/broker/load")
+
+
+def test_a_wildcard_first_level_still_hides_system_topics() -> None:
+    assert not parse_filter("*/>").matches("$SYS/a")
+
+
+@pytest.mark.parametrize(
+    ("text", "dialect", "hides"),
+    [
+        ("*/a", "native", True),
+        (">", "native", True),
+        ("ab*/c", "native", True),
+        ("+/a", "mqtt", True),
+        ("#", "mqtt", True),
+        ("$*", "native", False),
+        ("$SYS*/>", "native", False),
+        ("$SYS/>", "native", False),
+        ("a/>", "native", False),
+    ],
+)
+def test_excludes_system_follows_the_dollar_rule(text: str, dialect: str, hides: bool) -> None:
+    assert parse_filter(text, dialect).excludes_system is hides
+
+
 def test_matching_an_invalid_topic_raises() -> None:
     with pytest.raises(TopicError):
         parse_filter("a/>").matches("a//b")
@@ -115,8 +155,8 @@ def test_only_parse_filter_returns_filters() -> None:
     assert isinstance(parse_filter("a"), Filter)
 
 
-LEVELS = st.sampled_from(["a", "b", "ab", "$a", "+", "#"])
-FILTER_LEVELS = st.sampled_from(["a", "b", "ab", "$a", "*", "a*", "$*", ">", "+", "#"])
+LEVELS = st.sampled_from(["a", "b", "ab", "$", "$a", "$ab", "+", "#"])
+FILTER_LEVELS = st.sampled_from(["a", "b", "ab", "$a", "*", "a*", "$*", "$a*", ">", "+", "#"])
 
 
 @given(

@@ -9,6 +9,9 @@ against brute force with covers().
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +20,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 from routing import MQTT, NATIVE, Filter, Summarizer, SummaryChange, TopicError, covers
 from routing.filters import parse_filter
 from routing.summary import matches_nothing, sample_levels
+from tests.reference import ref_matches
 
 SITES = 200
 
@@ -213,9 +217,55 @@ def test_a_catch_all_does_not_withdraw_system_filters() -> None:
     assert summary.advertised == {f(">"), f("$sys/a")}
 
 
+def test_a_dollar_prefix_filter_is_advertised_beside_a_catch_all() -> None:
+    summary = Summarizer()
+    summary.add(f(">"))
+    assert summary.add(f("$*/>")) == SummaryChange((f("$*/>"),), ())
+
+
+def test_a_catch_all_does_not_withdraw_a_dollar_prefix_filter() -> None:
+    summary = Summarizer()
+    summary.add(f("$*/>"))
+    assert summary.add(f(">")) == SummaryChange((f(">"),), ())
+
+
+def test_a_dollar_prefix_filter_covers_the_system_filters_it_names() -> None:
+    summary = Summarizer()
+    summary.add(f("$s*/>"))
+    assert not summary.add(f("$sys/a"))
+    assert not summary.add(f("$s*/b/>"))
+
+
+def test_a_dollar_prefix_filter_does_not_cover_other_system_filters() -> None:
+    summary = Summarizer()
+    summary.add(f("$s*/>"))
+    assert summary.add(f("$t/a")) == SummaryChange((f("$t/a"),), ())
+
+
+def test_a_dollar_prefix_filter_withdraws_only_the_system_filters_it_covers() -> None:
+    summary = Summarizer()
+    for text in ("$sys/a", "$s/b/c", "a/b", "$t"):
+        summary.add(f(text))
+    change = summary.add(f("$s*/>"))
+    assert change.advertise == (f("$s*/>"),)
+    assert set(change.withdraw) == {f("$sys/a"), f("$s/b/c")}
+
+
+def test_removing_a_dollar_prefix_filter_advertises_what_it_covered() -> None:
+    summary = Summarizer()
+    summary.add(f("$*/>"))
+    summary.add(f("$sys/a"))
+    summary.add(f("a/b"))
+    assert summary.remove(f("$*/>")) == SummaryChange((f("$sys/a"),), (f("$*/>"),))
+
+
+def test_the_sample_of_a_dollar_prefix_filter_is_a_system_topic() -> None:
+    assert sample_levels(f("$SYS*/>")) == ("$SYS", "x")
+
+
 @pytest.mark.parametrize(
     "flt",
-    [f("a/*", MQTT), f("a/>", MQTT), f("a/b*/c", MQTT), f("$*/a"), f("$s*"), f("$*/>")],
+    [f("a/*", MQTT), f("a/>", MQTT), f("a/b*/c", MQTT), f("$*/a", MQTT), f("$s*/#", MQTT)],
 )
 def test_a_filter_that_matches_nothing_is_never_advertised(flt: Filter) -> None:
     assert matches_nothing(flt)
@@ -257,8 +307,22 @@ def test_the_advertised_snapshot_is_stable_until_a_change() -> None:
 # -- properties over a tiny alphabet -----------------------------------------------------------
 
 # Each level means something in one dialect and is a literal (or matches nothing) in the other:
-# '$s' and '$*' exercise the `$` rule, 'ab*' a prefix in native and a dead literal in mqtt.
-LEVELS = ["a", "b", "$s", "ab*", "*", ">", "+", "#", "$*"]
+# '$s', '$*' and '$s*' exercise the `$` rule (a `$` prefix names system topics in native and is
+# a dead literal in mqtt), 'ab*' a prefix in native and a dead literal in mqtt.
+LEVELS = ["a", "b", "$s", "ab*", "*", ">", "+", "#", "$*", "$s*"]
+# Witnesses for every filter drawn from LEVELS: each prefix and one more character, a `$`
+# level the `$s*` prefix rejects, and a level no literal or prefix accepts.
+TOPICS = [
+    "/".join(levels)
+    for n in (1, 2, 3, 4)
+    for levels in itertools.product(["a", "b", "ab", "abx", "$", "$s", "$sx", "x"], repeat=n)
+]
+
+
+@functools.cache
+def matched(flt: Filter) -> frozenset[str]:
+    """The TOPICS ``flt`` matches, by the reference matcher (independent of covers())."""
+    return frozenset(t for t in TOPICS if ref_matches(flt.text, flt.dialect, t))
 
 
 def _parse_or_none(dialect: str, levels: list[str]) -> Filter | None:
@@ -368,6 +432,12 @@ class SummaryModel(RuleBasedStateMachine):
             for other in self.refs:
                 if covers(flt, other) and covers(other, flt) and not matches_nothing(other):
                     assert self.arrivals[other] >= self.arrivals[flt], (flt, other)
+
+    @invariant()
+    def the_advertised_filters_match_what_the_local_filters_match(self) -> None:
+        # Checked by topic, system topics included: no match dropped, none added.
+        local = frozenset().union(*map(matched, self.refs))
+        assert frozenset().union(*map(matched, self.summary.advertised)) == local
 
     @invariant()
     def counts_agree(self) -> None:

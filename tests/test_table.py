@@ -116,10 +116,60 @@ def test_system_topics_are_hidden_from_wildcard_first_filters(table: Subscriptio
     table.add(">", "all")
     table.add("#", "all-mqtt", dialect="mqtt")
     table.add("*/stats", "stats")
-    table.add("$*", "dollar-prefix")
+    table.add("S*/>", "s-prefix")
     table.add("$SYS/>", "sys")
     assert table.match("$SYS/stats") == {"sys"}
     assert table.match("app/stats") == {"all", "all-mqtt", "stats"}
+
+
+def test_a_dollar_prefix_first_level_matches_one_level_system_topics(
+    table: SubscriptionTable,
+) -> None:
+    table.add("$*", "dollar")
+    assert table.match("$SYS") == {"dollar"}
+    assert table.match("$x") == {"dollar"}
+
+
+def test_a_dollar_prefix_first_level_matches_only_its_own_level_count(
+    table: SubscriptionTable,
+) -> None:
+    table.add("$*", "dollar")
+    assert table.match("$SYS/x") == set()
+
+
+def test_a_dollar_prefix_then_rest_matches_system_topics_starting_with_it(
+    table: SubscriptionTable,
+) -> None:
+    table.add("$SYS*/>", "sys")
+    assert table.match("$SYS/broker/load") == {"sys"}
+    assert table.match("$SYSX/a") == {"sys"}
+    assert table.match("$OTHER/a") == set()
+    assert table.match("SYS/a") == set()
+
+
+def test_system_topics_match_dollar_prefixes_and_literals_together(
+    table: SubscriptionTable,
+) -> None:
+    table.add("$*/>", "any-system")
+    table.add("$SYS*/>", "sys-prefix")
+    table.add("$SYS/>", "sys")
+    table.add("*/>", "wildcard")
+    assert table.match("$SYS/a") == {"any-system", "sys-prefix", "sys"}
+
+
+def test_removing_a_dollar_prefix_filter_stops_its_matches(table: SubscriptionTable) -> None:
+    table.add("$SYS*/>", "sys")
+    assert table.match("$SYS/a") == {"sys"}  # warms the cache when there is one
+    table.remove("$SYS*/>", "sys")
+    assert table.match("$SYS/a") == set()
+
+
+def test_adding_a_dollar_prefix_filter_reaches_a_cached_system_topic(
+    table: SubscriptionTable,
+) -> None:
+    assert table.match("$SYS/a") == set()  # cached empty when there is a cache
+    table.add("$S*/>", "sys")
+    assert table.match("$SYS/a") == {"sys"}
 
 
 def test_filters_of_lists_the_filter_strings_a_subscriber_holds(table: SubscriptionTable) -> None:

@@ -16,9 +16,9 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 from routing import SubscriptionTable, TopicError, parse_filter
 from tests.reference import ref_matches
 
-NATIVE_LEVELS = ["a", "b", "ab", "$a", "*", "a*", "$*", ">"]
-MQTT_LEVELS = ["a", "b", "ab", "$a", "+", "#", "*"]
-TOPIC_LEVELS = ["a", "b", "ab", "abc", "$a", "ba"]
+NATIVE_LEVELS = ["a", "b", "ab", "$a", "*", "a*", "$*", "$a*", ">"]
+MQTT_LEVELS = ["a", "b", "ab", "$a", "+", "#", "*", "$*"]
+TOPIC_LEVELS = ["a", "b", "ab", "abc", "$", "$a", "$ab", "ba"]
 
 
 @st.composite
