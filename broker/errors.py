@@ -140,7 +140,10 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
         _C.SLOW_CONSUMER: (
             "The client did not read its messages fast enough and its outbound queue overflowed."
         ),
-        _C.IDLE_TIMEOUT: "Nothing arrived within the keepalive interval (plus grace).",
+        _C.IDLE_TIMEOUT: (
+            "The client neither sent anything nor read its messages within the keepalive "
+            "interval (plus grace); see [Order and liveness](#order-and-liveness)."
+        ),
         _C.SHUTTING_DOWN: "The broker is shutting down; reconnect elsewhere or later.",
         _C.INVALID_ACK: "ACK named a sequence number that was never delivered on this session.",
         _C.SESSION_TAKEN: (

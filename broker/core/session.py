@@ -7,10 +7,14 @@ its messages are dropped and counted, and after ``slow_consumer_drops`` drops
 in a row (no progress in between) it is disconnected with SLOW_CONSUMER. The
 publisher and every other subscriber never wait for it.
 
-Control frames (SUBACK, PUBACK, PONG, ERROR) are never dropped; they answer the
+Control frames (SUBACK, PUBACK, PING, PONG, replies) are never dropped and go in
+a priority lane, ahead of the messages queued before them: a client behind on
+its messages still gets its replies and our PINGs at once. They answer the
 client's own requests, so when too many are queued the connection stops
 reading that client until its writer catches up: backpressure on the one
-client that caused it.
+client that caused it. An UNSUBACK is the exception: it promises that no MSG
+of that subscription follows, so it waits in line behind the messages
+(``send_control(..., ordered=True)``).
 
 A transient session lives as long as its connection. A durable session
 (client id + durable flag) lives in the store and outlives its connections:
@@ -131,7 +135,10 @@ class Session:
         self.seq = seq
         self.dropped = 0
         self._drops_in_a_row = 0
-        # Entries: encoded control frames (bytes) or (message, sub id, seq) to encode.
+        # The priority lane: encoded replies that go before any queued message.
+        self._control: deque[bytes] = deque()
+        # The data lane: (message, sub id, seq) to encode, and replies that must keep
+        # their place behind the messages (encoded, bytes).
         self._outbox: deque[bytes | tuple[Message, int, int]] = deque()
         self._queued_messages = 0
         self._queued_bytes = 0
@@ -250,9 +257,13 @@ class Session:
         self._queued_bytes += message.size
         self._has_data.set()
 
-    def send_control(self, data: bytes) -> None:
-        """Queue an encoded control frame; never dropped."""
-        self._outbox.append(data)
+    def send_control(self, data: bytes, *, ordered: bool = False) -> None:
+        """Queue an encoded control frame; never dropped. It goes ahead of the queued
+        messages, unless ``ordered`` (then after them, in line)."""
+        if ordered:
+            self._outbox.append(data)
+        else:
+            self._control.append(data)
         self._control_bytes += len(data)
         if self._control_bytes > self.limits.bytes:
             self._drained = trio.Event()
@@ -275,7 +286,9 @@ class Session:
         self._outbox = deque(e for e in self._outbox if e.__class__ is bytes)
         self._queued_messages = 0
         self._queued_bytes = 0
-        self._control_bytes = sum(len(e) for e in self._outbox)  # type: ignore[arg-type]
+        self._control_bytes = sum(len(e) for e in self._outbox) + sum(  # type: ignore[arg-type]
+            len(e) for e in self._control
+        )
         self.sent_upto = self.last_ack
         self.ready = False
 
@@ -283,6 +296,7 @@ class Session:
         if self.connection is connection:
             self.connection = None
             self.sampled.clear()
+            self._control.clear()
             self._outbox.clear()
             self._queued_messages = 0
             self._queued_bytes = 0
@@ -338,12 +352,12 @@ class Session:
 
     def needs_fill(self) -> bool:
         """Is the next message to send missing from the queue (so it is in the store)?"""
-        if not self.durable or not self.ready or self.sent_upto >= self.seq:
-            return False
+        if not self.durable or not self.ready or self.sent_upto >= self.seq or self._control:
+            return False  # (replies, WELCOME first of all, go out before anything else)
         if self._outbox:
             entry = self._outbox[0]
             if entry.__class__ is bytes:
-                return False  # replies (WELCOME first of all) go out before anything else
+                return False  # an ordered reply first
             return entry[2] > self.sent_upto + 1  # type: ignore[index]
         return True
 
@@ -364,22 +378,25 @@ class Session:
         self._has_data.set()
 
     def discard_messages(self) -> int:
-        """Drop every queued MSG (a slow consumer being cut off); keep control frames."""
+        """Drop every queued MSG (a connection being closed); keep control frames. A
+        transient session counts them as dropped; a durable one still has them stored."""
         kept = deque(entry for entry in self._outbox if entry.__class__ is bytes)
         discarded = len(self._outbox) - len(kept)
         self._outbox = kept
-        self.dropped += discarded
-        self.counters.dropped += discarded
+        if not self.durable:
+            self.dropped += discarded
+            self.counters.dropped += discarded
         self._queued_messages = 0
         self._queued_bytes = 0
         return discarded
 
     @property
     def queued(self) -> int:
-        return len(self._outbox)
+        """Frames waiting for the writer (replies and messages)."""
+        return len(self._control) + len(self._outbox)
 
     async def wait_data(self) -> None:
-        if not self._outbox:
+        if not self._outbox and not self._control:
             self._has_data = trio.Event()
             await self._has_data.wait()
 
@@ -390,15 +407,21 @@ class Session:
     def take_batch(
         self, append_msg: AppendMessage, max_bytes: int = 256 * 1024
     ) -> tuple[bytes, int]:
-        """Encode queued frames into one write of about ``max_bytes`` (messages with the
-        front end's ``append_msg``); (bytes, MSG count). Sampled messages leave their routing
-        time in ``sampled`` for the caller to observe once the bytes are sent."""
+        """Encode queued frames into one write of about ``max_bytes``: every reply of the
+        priority lane, then messages (with the front end's ``append_msg``); (bytes, MSG
+        count). Sampled messages leave their routing time in ``sampled`` for the caller to
+        observe once the bytes are sent."""
         parts: list[bytes | memoryview] = []
         size = 0
         messages = 0
         skipped = 0
         payload_bytes = 0
         control_bytes = 0
+        control = self._control
+        if control:
+            parts.extend(control)
+            control_bytes = size = sum(map(len, control))
+            control.clear()
         outbox = self._outbox
         durable = self.durable
         while outbox and size < max_bytes:

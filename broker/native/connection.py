@@ -5,15 +5,19 @@ Three tasks share a nursery owned by ``ClientConnection.run`` once the handshake
 
 - the reader (run inline) reads as many bytes as are available, has ``Requests``
   handle every whole frame in them, and only then reads again: many frames per syscall;
-- the writer drains the session's queue, many frames per ``send_all``;
-- the keepalive pings a silent client and closes it after 1.5x the interval;
+- the writer drains the session's queue, many frames per ``send_all``, replies first;
+- the keepalive pings a client that has neither sent anything nor read what we wrote for
+  an interval, and closes it after 1.5x the interval;
 
 plus ``Confirms.run`` (PUBACKs in order) and a watch on the session failing.
 
 The connection ends for one reason (``broker.native.ending``), which decides what the
 client is told: EOF (nothing), a protocol error or a failed session (ERROR with the code,
-after which we read and drop input briefly so the ERROR is not lost to a TCP reset), or
-broker shutdown (queued messages are flushed first, then ERROR SHUTTING_DOWN). Only
+sent after the write in progress and the replies due, ahead of the queued messages, which
+are dropped; then we read and drop input briefly so the ERROR is not lost to a TCP reset),
+or broker shutdown (queued messages are flushed first, then ERROR SHUTTING_DOWN). A
+connection is only ever closed between frames, except when its socket stops taking bytes
+altogether (a client that reads nothing). Only
 errors one client can cause are caught here; anything else is a bug and propagates.
 """
 
@@ -40,6 +44,7 @@ from broker.wire.states import CLOSED, CLOSING
 
 ERROR_FLUSH_SECONDS = 1.0
 FILL_PAGE = 2000  # messages fetched from the store per gap-fill read
+PROGRESS_BYTES = 64 * 1024  # a write of messages counts as the client's life in steps of this
 
 log = get_logger("topiary.connection")
 
@@ -68,7 +73,9 @@ class ClientConnection:
         self._reader_scope = trio.CancelScope()
         self._handshake_scope = trio.CancelScope()
         self._writer_done = trio.Event()
-        self._last_word: Error | None = None  # the closing ERROR, written after the queue
+        self._last_word: Error | None = None  # the closing ERROR, written by the writer
+        self._flush_first = False  # True at shutdown: the queue goes out before the ERROR
+        self.last_sent = 0.0  # trio time a write of MSGs last completed: the client reads
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -153,11 +160,12 @@ class ClientConnection:
             return  # the client said a closing ERROR: nothing more may be sent to it
         # The core's side of the same fact: it must queue nothing for us after the ERROR.
         session.accepting = False
-        if reason.code == ErrorCode.SLOW_CONSUMER:
-            session.discard_messages()
         self.broker.counters.errors[str(reason.code)] += 1
-        # The writer says it last, after what is queued: so the protocol object sees every
-        # frame in the order it goes out, and nothing follows the ERROR on the wire.
+        # The writer says it, after the write in progress (a frame boundary) and the replies
+        # due, before the queued messages, which are not sent; at shutdown after them. So
+        # the protocol object sees every frame in the order it goes out, and nothing follows
+        # the ERROR on the wire.
+        self._flush_first = reason.code == ErrorCode.SHUTTING_DOWN
         self._last_word = Error.from_exception(reason)
         ending.told()
         session.wake()
@@ -215,6 +223,9 @@ class ClientConnection:
         counters = self.broker.counters
         try:
             while True:
+                if self._last_word is not None and not self._flush_first:
+                    await self._say_last_word(session)  # ahead of the queued messages
+                    return
                 # A gap before a queued message is filled from the store; once the ERROR is
                 # due, what was never queued stays in the store for the next connection.
                 if session.needs_fill() and (session.queued or not self.ending.telling):
@@ -222,16 +233,12 @@ class ClientConnection:
                     continue
                 if not session.queued:
                     if self.ending.telling:
-                        if self._last_word is not None:
-                            data = self.proto.send(self._last_word)
-                            self._last_word = None
-                            await self.stream.send_all(data)
-                            counters.bytes_sent += len(data)
+                        await self._say_last_word(session)
                         return
                     await session.wait_data()
                     continue
-                data, _messages = session.take_batch(append_msg)
-                await self.stream.send_all(data)
+                data, messages = session.take_batch(append_msg)
+                await self._send(data, messages)
                 counters.bytes_sent += len(data)
                 if session.sampled:  # sampled messages were in it: the MSGs are sent now
                     self._observe_latency(session.sampled)
@@ -241,6 +248,33 @@ class ClientConnection:
             self._stop(None)
         finally:
             self._writer_done.set()
+
+    async def _send(self, data: bytes, messages: int) -> None:
+        """Write ``data``; while it carries messages, each ``PROGRESS_BYTES`` the socket takes
+        count as life (the client is reading, however slowly; our PINGs prove nothing)."""
+        if not messages:
+            await self.stream.send_all(data)
+            return
+        if len(data) <= PROGRESS_BYTES:
+            await self.stream.send_all(data)
+        else:
+            view = memoryview(data)
+            for start in range(0, len(data), PROGRESS_BYTES):
+                await self.stream.send_all(view[start : start + PROGRESS_BYTES])
+                self.last_sent = trio.current_time()
+        self.last_sent = trio.current_time()
+
+    async def _say_last_word(self, session: Session) -> None:
+        """Send the replies still due and the closing ERROR, at a frame boundary (the last
+        write finished); the messages still queued are not sent."""
+        session.discard_messages()
+        data, _messages = session.take_batch(append_msg)
+        if self._last_word is not None:
+            data += self.proto.send(self._last_word)
+            self._last_word = None
+        if data:
+            await self.stream.send_all(data)
+            self.broker.counters.bytes_sent += len(data)
 
     def _observe_latency(self, sampled: list[float]) -> None:
         """The sampled messages just sent: their routing-to-sent time into the histogram."""
@@ -277,13 +311,16 @@ class ClientConnection:
         ping_sent = False
         while True:
             await trio.sleep(max(interval / 4, 0.05))
-            idle = trio.current_time() - self.last_heard
+            # Life is what the client proves: bytes from it (a PONG to our PING among them),
+            # or our writes of messages completing, which a full socket allows only as it
+            # reads (so a slow reader whose PONG waits behind what it is still reading lives).
+            idle = trio.current_time() - max(self.last_heard, self.last_sent)
             if idle >= interval * 1.5:
                 self.broker.counters.idle_disconnects += 1
                 self._stop(
                     RemoteProtocolError(
                         ErrorCode.IDLE_TIMEOUT,
-                        f"nothing heard for {math.floor(idle * 10) / 10} s "
+                        f"nothing heard or read for {math.floor(idle * 10) / 10} s "
                         f"(keepalive {interval} s)",
                     )
                 )

@@ -179,7 +179,7 @@ class Requests:
                 )
                 self.broker.counters.errors[str(exc.code)] += 1
                 parts.append(self.proto.send(Error.from_exception(exc)))
-        self.session.send_control(b"".join(parts))
+        self.session.send_control(b"".join(parts), ordered=True)  # after the MSGs before it
         return end
 
     # -- one handler per frame class (the table is _HANDLERS, below) ---------------------
@@ -237,7 +237,7 @@ class Requests:
                 flt = routing.parse_filter(ref.filter, ref.dialect)
                 self._later.append((self._store_filter, (owner, flt, False, reply)))
             else:
-                self.session.send_control(reply)
+                self.session.send_control(reply, ordered=True)  # no MSG of it follows
         else:
             self._refuse(
                 RemoteProtocolError(
@@ -330,8 +330,8 @@ class Requests:
             await store.add_filter(owner.client_id, flt.text, flt.dialect)
         else:
             await store.remove_filter(owner.client_id, flt.text, flt.dialect)
-        if reply is not None:
-            self.session.send_control(reply)
+        if reply is not None:  # an UNSUBACK waits in line behind the MSGs (no MSG follows it)
+            self.session.send_control(reply, ordered=not add)
 
     async def _sync_sub(self, owner: Session, sub_id: int, frame: Sub, reply: bytes) -> None:
         """SUBACK only once every reachable broker has the route; else undo, and say so."""
