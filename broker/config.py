@@ -21,6 +21,8 @@ key, never a traceback and never a silently ignored typo.
     shutdown_timeout = 5.0         # seconds to flush clients on SIGTERM
     match_cache = 16384            # topics whose match results are cached (0: off)
     dedup_window = 100000          # recent publisher msg_ids remembered to drop repeats (0: off)
+    turn_frames = 64               # a connection's frames handled before it checks its turn
+    turn_time = 0.0005             # seconds of work after which a busy connection yields
 
     [sessions]                     # durable sessions (need data_dir)
     max_messages = 1000000         # pending (unacked) messages per session
@@ -84,6 +86,10 @@ class BrokerConfig:
     hello_timeout: float = 10.0
     match_cache: int = 16_384
     dedup_window: int = 100_000
+    # Fair service: a connection handles at most turn_frames frames between looks at the
+    # clock, and yields to the others once its turn has lasted turn_time seconds.
+    turn_frames: int = 64
+    turn_time: float = 0.0005
     session_max_messages: int = 1_000_000
     session_max_bytes: int = 1 << 30
     overflow: str = "drop-oldest"
@@ -129,6 +135,8 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "hello_timeout": "hello_timeout",
         "match_cache": "match_cache",
         "dedup_window": "dedup_window",
+        "turn_frames": "turn_frames",
+        "turn_time": "turn_time",
     },
     "sessions": {
         "max_messages": "session_max_messages",
@@ -171,6 +179,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "hello_timeout": (int, float),
     "match_cache": (int,),
     "dedup_window": (int,),
+    "turn_frames": (int,),
+    "turn_time": (int, float),
     "session_max_messages": (int,),
     "session_max_bytes": (int,),
     "overflow": (str,),
@@ -222,6 +232,10 @@ def _check(cfg: BrokerConfig) -> None:
         raise ConfigError(f"dedup_window must be >= 0 (0 turns it off), got {cfg.dedup_window}")
     if cfg.match_cache < 0:
         raise ConfigError(f"match_cache must be >= 0 (0 turns it off), got {cfg.match_cache}")
+    if not 1 <= cfg.turn_frames <= 100_000:
+        raise ConfigError(f"turn_frames must be in 1..100000, got {cfg.turn_frames}")
+    if not 0 < cfg.turn_time <= 1:
+        raise ConfigError(f"turn_time must be in (0, 1] seconds, got {cfg.turn_time}")
     for name in ("outbound_messages", "outbound_bytes", "slow_consumer_drops"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")

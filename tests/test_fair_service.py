@@ -141,3 +141,49 @@ async def test_unsuback_keeps_its_place_behind_queued_messages() -> None:
             assert messages == total
             await round_trip(reader, 3)  # and nothing else came after it
         await reader.aclose()
+
+
+async def pipelined_subs(count: int, first_id: int = 1) -> bytes:
+    return b"".join(
+        frame({"type": "SUB", "id": first_id + i, "filter": f"storm/{i}/>"}) for i in range(count)
+    )
+
+
+async def test_a_pipelined_storm_is_handled_in_turns_of_at_most_turn_frames() -> None:
+    """With a turn so short that it is always up, the storm's connection yields after every
+    ``turn_frames`` frames: 4,000 pipelined SUBs take at least 4,000 / 16 turns."""
+    count, turn_frames = 4000, 16
+    async with running_broker(turn_frames=turn_frames, turn_time=1e-9) as server:
+        storm = await RawClient.open(server.addresses[0])
+        await storm.send(await pipelined_subs(count))
+        with trio.fail_after(30):
+            for _ in range(count):
+                assert (await storm.read_frame())["type"] == "SUBACK"
+        yielded = server.broker.counters.turns_yielded
+        # (a read ends a turn too, without yielding again: one per read is allowed for)
+        assert yielded >= count // turn_frames - count * 40 // (256 * 1024) - 2
+        await storm.aclose()
+
+
+async def test_another_client_is_answered_while_a_storm_is_being_handled() -> None:
+    """A bystander's PING, sent once the storm's 20,000 SUBs are written, is answered before
+    the broker has handled them all: the storm gave way."""
+    count = 20_000
+    async with running_broker() as server:
+        address = server.addresses[0]
+        storm = await RawClient.open(address)
+        bystander = await RawClient.open(address)
+        await storm.send(await pipelined_subs(count))
+        with trio.fail_after(30):
+            await round_trip(bystander, 1)
+            handled_at_pong = server.broker.counters.subscribes
+            suback_ids = []
+            while len(suback_ids) < count:
+                got = await storm.read_frame()
+                assert got["type"] == "SUBACK", got
+                suback_ids.append(got["id"])
+        assert handled_at_pong < count
+        assert suback_ids == list(range(1, count + 1))
+        assert server.broker.counters.turns_yielded > 0
+        await storm.aclose()
+        await bystander.aclose()

@@ -26,6 +26,7 @@ class Counters:
     dropped: int = 0
     slow_consumer_disconnects: int = 0
     idle_disconnects: int = 0
+    turns_yielded: int = 0
     subscribes: int = 0
     unsubscribes: int = 0
     errors: Counter[str] = field(default_factory=Counter)
@@ -49,6 +50,7 @@ class Counters:
             "dropped": self.dropped,
             "slow_consumer_disconnects": self.slow_consumer_disconnects,
             "idle_disconnects": self.idle_disconnects,
+            "turns_yielded": self.turns_yielded,
             "subscribes": self.subscribes,
             "unsubscribes": self.unsubscribes,
             "errors": dict(self.errors),

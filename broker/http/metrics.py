@@ -66,7 +66,14 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "slow_consumer_disconnects",
         "Connections closed as slow consumers.",
     ),
-    "idle_disconnects": ("idle_disconnects", "Connections closed for silence."),
+    "idle_disconnects": (
+        "idle_disconnects",
+        "Connections closed for silence (nothing sent, nothing read).",
+    ),
+    "turns_yielded": (
+        "turns_yielded",
+        "Times a busy connection gave way to the others (its turn was up).",
+    ),
     "subscribes": ("subscribes", "Subscribe requests served."),
     "unsubscribes": ("unsubscribes", "Unsubscribe requests served."),
     "store_errors": ("store_errors", "Store writes that failed."),

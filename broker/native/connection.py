@@ -193,19 +193,35 @@ class ClientConnection:
 
     async def _reader(self, session: Session, requests: Requests) -> RemoteProtocolError | None:
         """Hand frames to ``requests`` until EOF (None) or an error that closes the
-        connection."""
+        connection.
+
+        Fair service: a read may bring thousands of pipelined frames; they are handled
+        ``turn_frames`` at a time, and once this turn has taken ``turn_time`` the reader
+        yields, so one client's storm never holds the loop from everyone else (trio then
+        runs every other ready task before this one again)."""
         proto = self.proto
         handle = requests.handle
+        config = self.broker.config
+        turn_frames = config.turn_frames
+        turn_time = config.turn_time
+        clock = trio.current_time
+        turn_began = clock()
         while True:
-            stop = await handle(proto.next_events())  # the frames of the last read
+            stop = await handle(proto.next_events(turn_frames))  # the frames of the last read
             if stop is NEED_DATA:
                 await session.wait_control_drained()
-                proto.receive_data(await self._receive())
+                proto.receive_data(await self._receive())  # (a read yields: a new turn)
+                turn_began = clock()
             elif isinstance(stop, ConnectionClosed):
                 return None
             elif stop is not None:
                 return stop
-            # else next_events stopped before a frame that changes the state: go on
+            elif clock() - turn_began >= turn_time:
+                # the turn is up (else next_events stopped at turn_frames, or before a frame
+                # that changes the state: go on)
+                self.broker.counters.turns_yielded += 1
+                await trio.lowlevel.checkpoint()
+                turn_began = clock()
 
     async def _receive(self, size: int = RECEIVE_SIZE) -> bytes:
         """Read what is there (b"" at EOF or when the socket broke), noting that the client

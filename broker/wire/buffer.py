@@ -120,19 +120,22 @@ class FrameBuffer:
             raise self._error
         return None
 
-    def next_frames(self) -> list[bytes]:
-        """Every whole frame body there is now, in order: ``next_frame`` until None, in one
-        call. An empty list when more data is needed (or at a clean EOF); an error is
-        raised as by ``next_frame``, once the bodies before it have been returned."""
+    def next_frames(self, limit: int = 0) -> list[bytes]:
+        """Every whole frame body there is now (at most ``limit`` when it is not 0), in
+        order: ``next_frame`` until None, in one call. An empty list when more data is
+        needed (or at a clean EOF); an error is raised as by ``next_frame``, once the bodies
+        before it have been returned."""
         start = self._start
         scan = self._scan
         if start == scan:
             body = self.next_frame()  # no whole frame: None, or the error that is due
             return [] if body is None else [body]
         data = self._data
-        bodies = []
+        bodies: list[bytes] = []
         append = bodies.append
         while start < scan:
+            if limit and len(bodies) == limit:
+                break
             body_start = start + LENGTH_PREFIX
             start = body_start + _read_length(data, start)[0]
             append(bytes(data[body_start:start]))

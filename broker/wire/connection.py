@@ -231,14 +231,15 @@ class Connection:
                 continue
             return self._receive(body)
 
-    def next_events(self) -> list[Event | RemoteProtocolError]:
+    def next_events(self, max_frames: int = 0) -> list[Event | RemoteProtocolError]:
         """The events ``next_event`` would return now, in order, with each error it would
         raise put in the list in its place instead (after a refused request the following
         frames come next). The list ends with NEED_DATA or ``ConnectionClosed()``, or with an
         error that closes the connection, or else it stops just before a frame that changes
-        the state (a closing ERROR from the peer, or a frame that is a closing error): then
-        handle the list and call again before reading, so that every frame is handled in the
-        state it was received in (replies to it may be sent).
+        the state (a closing ERROR from the peer, or a frame that is a closing error), or
+        after about ``max_frames`` frames when that is not 0: then handle the list and call
+        again before reading, so that every frame is handled in the state it was received in
+        (replies to it may be sent), and a reader can bound its work per turn.
 
         One call per read instead of one per frame: a client may pipeline thousands of SUBs
         in one read. LocalProtocolError (our own misuse) is raised as by ``next_event``.
@@ -254,7 +255,7 @@ class Connection:
                     if self._held:
                         bodies, self._held = self._held, []
                     else:
-                        bodies = buffer.next_frames()
+                        bodies = buffer.next_frames(max_frames)
                 except RemoteProtocolError as exc:
                     self._error = exc
                     self.state = ERROR
@@ -300,6 +301,8 @@ class Connection:
                         self._held = bodies[i:]
                         return events
                     append(event)
+                if max_frames and len(events) >= max_frames:
+                    return events  # the caller's turn is up: it calls again
                 continue
             try:
                 event = self.next_event()
