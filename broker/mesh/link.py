@@ -25,6 +25,7 @@ from broker.wire.frames import Error, Frame, Ping, Route
 log = get_logger("topiary.peering")
 
 ERROR_FLUSH_SECONDS = 1.0
+TURN_TIME = 0.0005  # seconds of a peer's frames handled before the link yields to others
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,7 @@ class PeerLink:
         self.max_event_bytes = max_event_bytes
         self.opened = time.time()
         self.last_heard = self.last_sent = trio.current_time()
+        self._turn_began = self.last_heard
         self._queue: deque[tuple[bytes, int]] = deque()  # (frame, payload size; -1: control)
         self._events = 0  # FWD frames in the queue
         self._event_bytes = 0
@@ -228,6 +230,9 @@ class PeerLink:
             self._reader_scope.cancel()
 
     async def _reader(self) -> RemoteProtocolError | None:
+        """Handle the peer's frames in order; like a client connection (broker/native), a
+        link whose turn is up (``TURN_TIME`` of work since its last read or yield) gives way
+        to the others, so a peer's burst of FWDs never holds the loop."""
         while True:
             try:
                 frame = await receive_frame(self.proto, self._receive)
@@ -243,10 +248,13 @@ class PeerLink:
             problem = await self.owner.handle(self, frame)
             if problem is not None:
                 return problem
+            if trio.current_time() - self._turn_began >= TURN_TIME:
+                await trio.lowlevel.checkpoint()
+                self._turn_began = trio.current_time()
 
     async def _receive(self, max_bytes: int) -> bytes:
         data = await self.stream.receive_some(max_bytes)
-        self.last_heard = trio.current_time()
+        self.last_heard = self._turn_began = trio.current_time()  # (a read yields)
         return data
 
     async def _keepalive(self) -> None:
