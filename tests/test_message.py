@@ -28,6 +28,21 @@ def test_fast_msg_encoding_decodes_to_the_msg_frame(
     assert decode_frame(encode_frame(expected)) == expected
 
 
+@given(st.integers(1, 2**64 - 1), st.booleans())
+def test_a_msg_after_drops_says_how_many_in_discarded(discarded: int, with_headers: bool) -> None:
+    from broker.wire.codec import append_msg
+
+    message = Message("a/b", b"p", {"k": "v"} if with_headers else None, "id")
+    parts: list[bytes | memoryview] = []
+    size = append_msg(parts, message, 3, 9, discarded=discarded)
+    wire = b"".join(parts)
+    assert size == len(wire)
+    frame = decode_frame(wire[4:])
+    assert isinstance(frame, Msg)
+    assert (frame.discarded, frame.seq, frame.sub, frame.payload) == (discarded, 9, 3, b"p")
+    assert decode_frame(encode_msg(message, 3, 10)[4:]).discarded == 0  # (left out: 0)
+
+
 def test_shared_part_is_encoded_once() -> None:
     message = Message("a", b"p", None, "id")
     first = shared_fields(message)

@@ -106,6 +106,7 @@ class Client:
         self.reconnect = reconnect
         self.backoff = backoff
         self.errors: list[BrokerError] = []  # refusals of requests nobody waits for
+        self.discarded = 0  # messages the broker said it dropped for us (MSG ``discarded``)
         self.reconnects = 0
         self._ids = itertools.count(1)
         self._stream: trio.SocketStream | None = None
@@ -297,7 +298,11 @@ class Client:
             seq=frame.seq,
             id=frame.msg_id,
             sub=frame.sub,
+            discarded=frame.discarded,
         )
+        if frame.discarded:
+            self.discarded += frame.discarded
+            log.warning("broker dropped messages", count=frame.discarded, before_seq=frame.seq)
         targets = self._local.match(frame.topic)
         if not targets and self.durable:
             # A resumed durable session is sent what it missed right after WELCOME, before

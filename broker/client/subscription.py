@@ -31,6 +31,9 @@ class Message:
     seq: int
     id: str
     sub: int
+    #: messages for this client the broker dropped just before this one (its queue was
+    #: full because the client read too slowly); 0 when none were
+    discarded: int = 0
 
     @property
     def text(self) -> str:

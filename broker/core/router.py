@@ -10,6 +10,7 @@ the router calls out only through ``Session.deliver`` and the ``Mesh``.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import os
 import time
@@ -34,6 +35,8 @@ from broker.log import get_logger
 from broker.store import Pending, Store, StoreError
 
 log = get_logger("topiary.broker")
+
+WORST_DROPPING = 5  # sessions STATS names as the ones that dropped most
 
 #: One routed message in this many carries its routing time (``Message.routed_at``) for the
 #: publish-to-delivery latency histogram: timing every one would cost fan-out throughput.
@@ -401,6 +404,16 @@ class Broker:
         """Seconds since this broker started."""
         return time.time() - self.started
 
+    def worst_dropping(self, count: int = WORST_DROPPING) -> list[dict[str, Any]]:
+        """The connected sessions that dropped most messages (full queues), worst first:
+        who reads too slowly."""
+        worst = heapq.nlargest(
+            count,
+            (s for s in self.sessions.values() if s.dropped),
+            key=lambda s: s.dropped,
+        )
+        return [{"client": s.client_id, "dropped": s.dropped, "queued": s.queued} for s in worst]
+
     def stats(self) -> dict[str, Any]:
         table = self.table.statistics()
         snapshot = self.counters.snapshot()
@@ -420,6 +433,7 @@ class Broker:
                     "cache_misses": table.cache_misses,
                 },
                 "queued": sum(s.queued for s in self.sessions.values()),
+                "worst_dropping": self.worst_dropping(),
             }
         )
         if self.peering.active:

@@ -5,7 +5,11 @@ connection's writer drains them. The queue is bounded in messages and payload
 bytes, so a slow consumer never makes the broker's memory grow: past the bound
 its messages are dropped and counted, and after ``slow_consumer_drops`` drops
 in a row (no progress in between) it is disconnected with SLOW_CONSUMER. The
-publisher and every other subscriber never wait for it.
+publisher and every other subscriber never wait for it. Loss is never silent:
+the next message that does reach the client says how many were dropped
+before it (MSG ``discarded``), the drops are logged with the client id (at
+most once per ``DROP_LOG_INTERVAL`` per session), and ``Broker.stats`` names
+the sessions that dropped most.
 
 Control frames (SUBACK, PUBACK, PING, PONG, replies) are never dropped and go in
 a priority lane, ahead of the messages queued before them: a client behind on
@@ -28,6 +32,7 @@ every message after its last ack, in order, however fast or slow it reads.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,12 +43,20 @@ import trio
 from broker.core.counters import Counters
 from broker.core.message import Message
 from broker.errors import ErrorCode, RemoteProtocolError
+from broker.log import get_logger
 
 if TYPE_CHECKING:
     from routing import Filter
 
 #: How a front end encodes one delivery into a batch: (parts, message, sub id, seq) -> size.
 AppendMessage = Callable[[list[bytes | memoryview], Message, int, int], int]
+#: The same with the count of messages dropped just before it (only called when > 0):
+#: (parts, message, sub id, seq, discarded) -> size.
+AppendDiscarded = Callable[[list[bytes | memoryview], Message, int, int, int], int]
+
+DROP_LOG_INTERVAL = 10.0  # seconds: a session's drops are logged at most this often
+
+log = get_logger("topiary.session")
 
 
 class Holder(Protocol):
@@ -135,6 +148,12 @@ class Session:
         self.seq = seq
         self.dropped = 0
         self._drops_in_a_row = 0
+        # Loss is never silent: drops not yet told to the client, then per queued seq the
+        # count its MSG carries (made on the first drop); the next drop log is due at
+        self._untold_drops = 0
+        self._discards: dict[int, int] | None = None
+        self._drop_log_due = 0.0
+        self._drops_logged = 0
         # The priority lane: encoded replies that go before any queued message.
         self._control: deque[bytes] = deque()
         # The data lane: (message, sub id, seq) to encode, and replies that must keep
@@ -230,8 +249,7 @@ class Session:
             self._queued_messages >= limits.messages
             or self._queued_bytes + message.size > limits.bytes
         ):
-            self.dropped += 1
-            self.counters.dropped += 1
+            self._drop()
             self._drops_in_a_row += 1
             if self._drops_in_a_row >= limits.slow_consumer_drops:
                 self.fail(
@@ -241,6 +259,12 @@ class Session:
                 )
             return False
         self.seq += 1
+        if self._untold_drops:  # this message tells the client about the drops before it
+            discards = self._discards
+            if discards is None:
+                discards = self._discards = {}
+            discards[self.seq] = self._untold_drops
+            self._untold_drops = 0
         outbox = self._outbox
         if not outbox:  # else the writer finds this entry when it looks at the queue again
             self._has_data.set()
@@ -248,6 +272,26 @@ class Session:
         self._queued_messages += 1
         self._queued_bytes += message.size
         return True
+
+    def _drop(self) -> None:
+        """A message for this (transient) session did not fit its queue: count it, tell the
+        client with the next one, log it now and then."""
+        self.dropped += 1
+        self.counters.dropped += 1
+        self._untold_drops += 1
+        now = time.monotonic()
+        if now >= self._drop_log_due:
+            self._drop_log_due = now + DROP_LOG_INTERVAL
+            log.warning(
+                "messages dropped",
+                client=self.client_id,
+                dropped=self.dropped - self._drops_logged,
+                dropped_total=self.dropped,
+                queued=self._queued_messages,
+                queued_bytes=self._queued_bytes,
+                why="outbound queue full: the client reads too slowly",
+            )
+            self._drops_logged = self.dropped
 
     def push(self, message: Message, sub_id: int, seq: int) -> None:
         """Queue a MSG that must not be dropped (a group member's share: its prefetch
@@ -383,6 +427,7 @@ class Session:
         kept = deque(entry for entry in self._outbox if entry.__class__ is bytes)
         discarded = len(self._outbox) - len(kept)
         self._outbox = kept
+        self._discards = None
         if not self.durable:
             self.dropped += discarded
             self.counters.dropped += discarded
@@ -405,12 +450,16 @@ class Session:
         await self._drained.wait()
 
     def take_batch(
-        self, append_msg: AppendMessage, max_bytes: int = 256 * 1024
+        self,
+        append_msg: AppendMessage,
+        max_bytes: int = 256 * 1024,
+        append_discarded: AppendDiscarded | None = None,
     ) -> tuple[bytes, int]:
         """Encode queued frames into one write of about ``max_bytes``: every reply of the
-        priority lane, then messages (with the front end's ``append_msg``); (bytes, MSG
-        count). Sampled messages leave their routing time in ``sampled`` for the caller to
-        observe once the bytes are sent."""
+        priority lane, then messages (with the front end's ``append_msg``, or, for a message
+        after drops, ``append_discarded`` when given); (bytes, MSG count). Sampled messages
+        leave their routing time in ``sampled`` for the caller to observe once the bytes are
+        sent."""
         parts: list[bytes | memoryview] = []
         size = 0
         messages = 0
@@ -447,6 +496,16 @@ class Session:
                 outbox.popleft()
                 messages += 1
                 payload_bytes += message.size
+                discards = self._discards
+                if discards is not None:
+                    discarded = discards.pop(seq, 0)
+                    if not discards:
+                        self._discards = None
+                    if discarded and append_discarded is not None:
+                        if message.routed_at:
+                            self.sampled.append(message.routed_at)
+                        size += append_discarded(parts, message, sub_id, seq, discarded)
+                        continue
             if message.routed_at:  # one message in Broker.latency_sample_every
                 self.sampled.append(message.routed_at)
             size += append_msg(parts, message, sub_id, seq)

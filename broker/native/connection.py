@@ -45,8 +45,16 @@ from broker.wire.states import CLOSED, CLOSING
 ERROR_FLUSH_SECONDS = 1.0
 FILL_PAGE = 2000  # messages fetched from the store per gap-fill read
 PROGRESS_BYTES = 64 * 1024  # a write of messages counts as the client's life in steps of this
+BATCH_BYTES = 256 * 1024  # about this much is encoded per write
 
 log = get_logger("topiary.connection")
+
+
+def _append_discarded(
+    parts: list[bytes | memoryview], message: Message, sub: int, seq: int, discarded: int
+) -> int:
+    """A MSG that also says how many messages were dropped just before it."""
+    return append_msg(parts, message, sub, seq, discarded=discarded)
 
 
 class ClientConnection:
@@ -253,7 +261,7 @@ class ClientConnection:
                         return
                     await session.wait_data()
                     continue
-                data, messages = session.take_batch(append_msg)
+                data, messages = session.take_batch(append_msg, BATCH_BYTES, _append_discarded)
                 await self._send(data, messages)
                 counters.bytes_sent += len(data)
                 if session.sampled:  # sampled messages were in it: the MSGs are sent now

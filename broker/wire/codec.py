@@ -381,6 +381,7 @@ def fast_fwd(wire: dict[str, Any]) -> Fwd:
 _packb = msgpack.Packer(use_bin_type=True).pack
 _SUB_KEY: Final = _packb("sub")
 _SEQ_KEY: Final = _packb("seq")
+_DISCARDED_KEY: Final = _packb("discarded")
 _MAP_HEADERS: Final = tuple(bytes((0x80 | n,)) for n in range(16))
 
 
@@ -448,8 +449,10 @@ def append_msg(
     sub: int,
     seq: int,
     limit: int = MAX_LENGTH,
+    discarded: int = 0,
 ) -> int:
     """Append the pieces of MSG(sub, seq) for ``message`` to ``parts``; their total size.
+    ``discarded`` > 0 adds the field that says how many messages were dropped before it.
 
     For a writer that joins a whole batch at once: the shared fields (the payload) are
     copied once, into the batch, instead of into a MSG first and the batch then. A body
@@ -462,6 +465,9 @@ def append_msg(
     else:
         fields = message.encoded_fields
     tail = b"".join((_SUB_KEY, _packb(sub), _SEQ_KEY, _packb(seq)))
+    if discarded:
+        tail += _DISCARDED_KEY + _packb(discarded)
+        fields += 1
     size = 1 + len(shared) + len(tail)
     if size > limit:
         raise frame_too_large("MSG", size, limit)

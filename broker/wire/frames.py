@@ -302,6 +302,8 @@ class Msg(Frame):
 
     ``seq`` is the per-session sequence number that ACK refers to; ``msg_id`` identifies the
     message (the publisher's, or one the broker assigned) so clients can drop redeliveries.
+    ``discarded`` (0: absent on the wire) is how many messages for this client the broker
+    dropped since the one before this (its queue was full): loss is never silent.
     """
 
     TYPE: ClassVar[str] = "MSG"
@@ -311,10 +313,12 @@ class Msg(Frame):
     payload: bytes
     headers: dict[str, str] | None = None
     msg_id: str
+    discarded: int = 0
 
     def __post_init__(self) -> None:
         check_uint(self, "sub")
         check_uint(self, "seq")
+        check_uint(self, "discarded")
         check_topic(self, "topic")
         check_payload(self, "payload")
         check_headers(self, "headers")
