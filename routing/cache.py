@@ -81,6 +81,7 @@ class MatchCache:
 
     __slots__ = (
         "_by_level",
+        "_deepest",
         "_indexed",
         "_unindexed",
         "clears",
@@ -107,6 +108,7 @@ class MatchCache:
         # while no filter has needed position i; _indexed lists the (i, index) pairs built.
         self._by_level: list[dict[str, Bucket] | None] = [None] * MAX_LEVELS
         self._indexed: list[tuple[int, dict[str, Bucket]]] = []
+        self._deepest = -1  # the deepest position built: topics are split no further
         # Topics cached but not in the built indexes yet: added when a filter needs them
         # (rare next to puts), so a cold topic stream does not index what it never reads.
         self._unindexed: list[str] = []
@@ -270,7 +272,7 @@ class MatchCache:
         """Index every cached topic (none pending) by its level at ``position``."""
         index: dict[str, Bucket] = {}
         for topic in self.results:
-            levels = topic.split("/")
+            levels = topic.split("/", position + 1)  # the levels after it stay joined
             if len(levels) > position:
                 level = levels[position]
                 bucket = index.get(level)
@@ -280,14 +282,16 @@ class MatchCache:
                     bucket[topic] = None
         self._by_level[position] = index
         self._indexed.append((position, index))
+        self._deepest = max(self._deepest, position)
         return index
 
     def _index_pending(self) -> None:
         """Add the topics cached since the last change to the built indexes."""
         indexed = self._indexed
         if indexed:
+            split = self._deepest + 1
             for topic in self._unindexed:
-                levels = topic.split("/")
+                levels = topic.split("/", split)
                 depth = len(levels)
                 for position, index in indexed:
                     if position < depth:
@@ -324,7 +328,7 @@ class MatchCache:
         """Drop a topic (none pending) from the results and from its buckets."""
         del self.results[topic]
         if self._indexed:
-            levels = topic.split("/")
+            levels = topic.split("/", self._deepest + 1)
             depth = len(levels)
             for position, index in self._indexed:
                 if position < depth:
