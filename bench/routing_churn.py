@@ -43,7 +43,9 @@ timed loop is bounded by the count N and by ``--seconds`` (10 s, 1 s with
 subscribed nor unsubscribed, what an unsubscribe loop did not reach is removed
 untimed, so the table ends at size S. The cyclic GC stays at CPython's
 defaults, as in ``bench/filter_throughput.py``, but every timed loop starts
-right after a ``gc.collect()``.
+right after a ``gc.collect()``; the full collections that still land in a
+timed loop are counted (``*_full_gcs``: one costs ~100 ms with a 100,000-entry
+table, so a short loop that meets one says more about the GC than the cache).
 
 Correctness, checked in every round (the exit status is 1 if a check fails):
 
@@ -71,7 +73,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -105,6 +107,10 @@ MEDIANS = (
     "broad_invalidated",
 )
 SUMS = (
+    "cold_subscribe_full_gcs",
+    "cold_unsubscribe_full_gcs",
+    "warm_subscribe_full_gcs",
+    "warm_unsubscribe_full_gcs",
     "warm_clears",
     "rewarm_passes",
     "rewarm_misses",
@@ -150,28 +156,39 @@ def _rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else 0.0
 
 
+class Timed(NamedTuple):
+    """What one timed loop did: operations, CPU and wall seconds, the first operation's CPU
+    seconds, and the full (generation 2) collections of the cyclic GC inside timed chunks."""
+
+    done: int
+    cpu: float
+    wall: float
+    first: float
+    full_gcs: int
+
+
 def timed_churn(
     op: Callable[[str, str, str], Any],
     entries: list[Entry],
     seconds: float,
     chunk_size: int,
     rewarm: Callable[[], None] | None,
-) -> tuple[int, float, float, float]:
+) -> Timed:
     """Apply ``op`` to ``entries`` in chunks of ``chunk_size`` until done or out of time.
 
     ``rewarm`` runs untimed after every chunk. The first operation is timed on
     its own as well. A ``gc.collect()`` before the loop, untimed, starts every
     loop with the same collector debt (building a 100,000-entry table leaves a
     full collection owed, which would otherwise land in whichever loop comes
-    first). Returns (ops done, CPU seconds, wall seconds, CPU seconds of the
-    first op).
+    first); the full collections that still land in a timed chunk are counted.
     """
     gc.collect()
     cpu, wall = time.process_time, time.perf_counter
-    done = 0
+    done = full_gcs = 0
     spent = spent_wall = first = 0.0
     for start in range(0, len(entries), chunk_size):
         chunk = entries[start : start + chunk_size]
+        collections = gc.get_stats()[2]["collections"]
         began, began_wall = cpu(), wall()
         if start == 0:
             op(*chunk[0])
@@ -181,12 +198,25 @@ def timed_churn(
             op(text, subscriber, dialect)
         spent += cpu() - began
         spent_wall += wall() - began_wall
+        full_gcs += gc.get_stats()[2]["collections"] - collections
         done = min(start + chunk_size, len(entries))
         if spent >= seconds:
             break
         if rewarm is not None:
             rewarm()
-    return done, spent, spent_wall, first
+    return Timed(done, spent, spent_wall, first, full_gcs)
+
+
+def report(phase: str, sub: Timed, unsub: Timed) -> dict[str, Any]:
+    """The figures of one phase's subscribe and unsubscribe loops, keys prefixed ``phase``."""
+    out: dict[str, Any] = {}
+    for what, timed in (("subscribe", sub), ("unsubscribe", unsub)):
+        out[f"{phase}_{what}s"] = timed.done
+        out[f"{phase}_{what}_seconds"] = timed.cpu
+        out[f"{phase}_{what}_per_second"] = _rate(timed.done, timed.cpu)
+        out[f"{phase}_{what}_per_wall_second"] = _rate(timed.done, timed.wall)
+        out[f"{phase}_{what}_full_gcs"] = timed.full_gcs
+    return out
 
 
 def run_round(
@@ -206,23 +236,12 @@ def run_round(
 
     # 1. cold: nothing cached, so nothing to change in the cache
     assert table.statistics().cache_entries == 0
-    added, seconds, wall, _ = timed_churn(table.add, fresh, seconds_budget, CHUNK, None)
-    removed, remove_seconds, remove_wall, _ = timed_churn(
-        table.remove, fresh[:added], seconds_budget, CHUNK, None
-    )
-    for text, subscriber, dialect in fresh[removed:added]:
+    sub = timed_churn(table.add, fresh, seconds_budget, CHUNK, None)
+    unsub = timed_churn(table.remove, fresh[: sub.done], seconds_budget, CHUNK, None)
+    for text, subscriber, dialect in fresh[unsub.done : sub.done]:
         table.remove(text, subscriber, dialect)
     assert len(table) == size and table.statistics().cache_entries == 0
-    out.update(
-        cold_subscribes=added,
-        cold_subscribe_seconds=seconds,
-        cold_subscribe_per_second=_rate(added, seconds),
-        cold_subscribe_per_wall_second=_rate(added, wall),
-        cold_unsubscribes=removed,
-        cold_unsubscribe_seconds=remove_seconds,
-        cold_unsubscribe_per_second=_rate(removed, remove_seconds),
-        cold_unsubscribe_per_wall_second=_rate(removed, remove_wall),
-    )
+    out.update(report("cold", sub, unsub))
 
     # 2. warm: every cached topic matched, and matched again whenever some went missing
     before = {topic: match(topic) for topic in cached}
@@ -238,7 +257,7 @@ def run_round(
             rewarms["passes"] += 1
             rewarms["misses"] += table.statistics().cache_misses - stats.cache_misses
 
-    added, seconds, wall, first = timed_churn(table.add, fresh, seconds_budget, CHUNK, rewarm)
+    sub = timed_churn(table.add, fresh, seconds_budget, CHUNK, rewarm)
     rewarm()
     # Fresh answers: the cached answer must equal an uncached walk; some must have changed.
     checking = table.statistics()
@@ -248,25 +267,16 @@ def run_round(
         stale += got != table.match_uncached(topic)
         with_fresh += any(str(s).startswith(FRESH_PREFIX) for s in got)
     checked = table.statistics()
-    removed, remove_seconds, remove_wall, _ = timed_churn(
-        table.remove, fresh[:added], seconds_budget, CHUNK, rewarm
-    )
-    for text, subscriber, dialect in fresh[removed:added]:
+    unsub = timed_churn(table.remove, fresh[: sub.done], seconds_budget, CHUNK, rewarm)
+    for text, subscriber, dialect in fresh[unsub.done : sub.done]:
         table.remove(text, subscriber, dialect)
     rewarm()
     after = table.statistics()
     changed = sum(match(topic) != before[topic] for topic in cached)
     assert len(table) == size
+    out.update(report("warm", sub, unsub))
     out.update(
-        warm_subscribes=added,
-        warm_subscribe_seconds=seconds,
-        warm_subscribe_per_second=_rate(added, seconds),
-        warm_subscribe_per_wall_second=_rate(added, wall),
-        warm_first_subscribe_ms=first * 1e3,
-        warm_unsubscribes=removed,
-        warm_unsubscribe_seconds=remove_seconds,
-        warm_unsubscribe_per_second=_rate(removed, remove_seconds),
-        warm_unsubscribe_per_wall_second=_rate(removed, remove_wall),
+        warm_first_subscribe_ms=sub.first * 1e3,
         warm_invalidated=after.cache_invalidated - warmed.cache_invalidated,
         warm_clears=after.cache_clears - warmed.cache_clears,
         warm_evictions=after.cache_evictions - warmed.cache_evictions,
@@ -281,10 +291,10 @@ def run_round(
     # 3. broad filters, one operation at a time, re-warmed after each
     broad = [(text, BROAD_SUBSCRIBER, dialect) for text, _, dialect in workload.BROAD_FILTERS]
     start = table.statistics()
-    _, broad_seconds, _, _ = timed_churn(table.add, broad, float("inf"), 1, rewarm)
+    broad_seconds = timed_churn(table.add, broad, float("inf"), 1, rewarm).cpu
     rewarm()
     stale_broad = sum(match(topic) != table.match_uncached(topic) for topic in cached)
-    _, unbroad_seconds, _, _ = timed_churn(table.remove, broad, float("inf"), 1, rewarm)
+    unbroad_seconds = timed_churn(table.remove, broad, float("inf"), 1, rewarm).cpu
     rewarm()
     end = table.statistics()
     assert len(table) == size
