@@ -7,7 +7,9 @@ Three structures, each answering one question:
   most ``INDEX_DEPTH``), each node holding the group of filters that live
   there: which filters live under ``beacon/eu``? (prefix questions for
   route summarization and operators)
-- ``MatchCache``: the answer for a hot topic without walking anything.
+- ``MatchCache``: the answer for a hot topic without walking anything; a
+  subscribe or unsubscribe patches the cached answers its filter matches
+  (``_wants`` says whether an unsubscribed subscriber still wants a topic).
 
 An entry is (filter text, dialect, subscriber). Parsed filters are shared
 between the subscribers that hold the same text, and the pygtrie only
