@@ -21,9 +21,9 @@ For each subscription-table size S (workload: ``bench/workload.py``):
 1. build   time to add all S entries to one ``SubscriptionTable()`` and the RSS
            delta around it (``/proc/self/statm``, after ``gc.collect()``; the
            workload is generated before the first reading), as bytes/subscription.
-           The table has its cache on but empty while it is built, and
-           ``MatchCache.invalidate`` returns at once on an empty cache, so this is
-           the cost of a ``cache_size=0`` table; one table per S serves every step.
+           The table has its cache on but empty while it is built, and a
+           subscription change does not touch an empty cache, so this is the
+           cost of a ``cache_size=0`` table; one table per S serves every step.
            The table keeps its prefix index (pygtrie) current on every add and
            remove of a distinct filter, so the build includes it. Then
            ``first_prefix_query_seconds`` is the time of one prefix question

@@ -1,42 +1,69 @@
-"""A bounded cache of match results, invalidated precisely.
+"""A bounded cache of match results, kept exact through subscription changes.
 
 The broker matches the same hot topics over and over (a popular page's
-``view`` event), so like nats-server's sublist we keep ``topic -> result``.
-A subscribe or unsubscribe must drop exactly the cached topics the changed
-filter can match. Scanning every cached topic with the filter would cost
-O(cache size) per subscribe; instead the cached topics are also kept in a
-small trie of plain dicts, which the filter walks: a literal level follows
-one child, a wildcard fans out only where it must. When the filter starts
-with a wildcard it can reach every cached topic, and dropping the whole cache
-is cheaper than walking it; a ``$`` prefix first level (``$SYS*``) only reaches
-system topics, so it walks. Topics join that index only when a filter is
-invalidated (or the oldest are swept one by one): subscriptions change rarely
-next to publishes, and a cold topic stream would otherwise build an index
-path for every miss only to drop it at the next sweep.
+``view`` event), so like nats-server's sublist we keep ``topic -> result``;
+a hit is one dict lookup. A subscribe or unsubscribe changes the answers of
+the cached topics its filter matches, and of no others. Those answers are
+patched in place (``add_subscriber``: the answer gains the subscriber;
+``remove_subscriber``: it loses it unless another of its filters still
+matches), so the cache stays warm through churn; ``invalidate`` drops them
+instead. Either way, the cost of a change must grow with the cached topics
+the filter matches, not with the cached topics it leaves alone.
 
-When the cache holds more than ``max_entries`` topics it is swept: by
-default (``sweep_to=0``) emptied at once, which costs nothing and lets the
-hot topics of a Zipf-shaped stream come straight back; with ``sweep_to > 0``
-the oldest are dropped one by one until ``sweep_to`` remain (a batch sweep,
-as in nats-server). Dropping one topic means walking its index path, ~2 us
-per topic in profiles of the broker on a cold topic stream, which is why
-emptying is the default.
+To find those topics without walking the others, cached topics are indexed
+by level position: ``_by_level[i]`` maps a level's text to the cached topics
+holding that text at position ``i``. A filter looks up the buckets of its
+literal levels, deepest first (deep levels tend to be rare; a bucket of at
+most ``_FEW`` topics ends the search), and tests only the topics of the
+smallest with ``Filter.matches_levels``: ``beacon/*/*/s1/*/view`` reads the
+``s1`` bucket at position 3, the few cached topics on that site, so a
+wildcard in the middle fans out over nothing. A level no cached topic holds
+at that position answers "none" in one lookup. A filter without wildcards
+matches its own text only and needs no index. A position is indexed the
+first time a filter needs it (the buckets of the positions already indexed
+being absent or too large) and stays indexed: a stream of ``beacon/...``
+topics gets an index of its site level, not of ``beacon``, which every
+cached topic would share. A filter with no literal level but a first-level
+prefix (``$SYS*/>``, ``$*``) tests the cached topics that start with it; one
+with neither (``>``, ``*/*``, ``#``) can reach every non-system topic, and the
+cache is emptied instead (counted in ``clears``).
+
+Topics join the index only when a filter needs it (or the oldest are swept
+one by one): a put only records the topic as pending, since subscriptions
+change rarely next to publishes and a cold topic stream would otherwise index
+every miss only to drop it at the next sweep. The first change after a burst
+of puts indexes them all, once each.
+
+``invalidated`` counts cached answers a subscription change altered, patched
+or dropped. When the cache holds more than ``max_entries`` topics it is
+swept: by default (``sweep_to=0``) emptied at once, which costs nothing and
+lets the hot topics of a Zipf-shaped stream come straight back; with
+``sweep_to > 0`` the oldest are dropped one by one until ``sweep_to`` remain
+(a batch sweep, as in nats-server), each leaving its buckets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Final
+from typing import Final
 
-from routing.filters import STAR, Filter, Rest, Token
+from routing.filters import NATIVE, STAR, Filter
+from routing.topics import MAX_LEVELS
 
 DEFAULT_MAX_ENTRIES: Final = 4096
 DEFAULT_SWEEP_TO: Final = 0
 
 Result = frozenset[Hashable]
-_END: Final = None  # key under which an index node stores its topic
+# The cached topics holding one level text at one position. A dict used as a set: a dict
+# holding only strings is not tracked by the cyclic GC (a set always is), so a warm cache's
+# thousands of buckets add nothing to a full collection.
+Bucket = dict[str, None]
+_FEW: Final = 8  # a bucket this small ends the search for a smaller one
+# A new position is indexed for a filter whose smallest bucket among the positions already
+# indexed holds more than 1/_NARROW of the cached topics (or which has none).
+_NARROW: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +77,12 @@ class CacheStatistics:
 
 
 class MatchCache:
-    """``topic -> frozenset`` of subscribers, bounded, with per-filter invalidation."""
+    """``topic -> frozenset`` of subscribers, bounded, exact through subscription changes."""
 
     __slots__ = (
-        "_index",
+        "_by_level",
+        "_deepest",
+        "_indexed",
         "_unindexed",
         "clears",
         "evictions",
@@ -75,9 +104,13 @@ class MatchCache:
         self.max_entries = max_entries
         self.sweep_to = sweep_to
         self.results: dict[str, Result] = {}
-        self._index: dict[Any, Any] = {}
-        # Topics cached but not in _index yet: indexed when a filter must be invalidated
-        # (rare next to puts), so a cold topic stream does not build paths it never walks.
+        # _by_level[i]: level text -> the cached topics holding it at position i, or None
+        # while no filter has needed position i; _indexed lists the (i, index) pairs built.
+        self._by_level: list[dict[str, Bucket] | None] = [None] * MAX_LEVELS
+        self._indexed: list[tuple[int, dict[str, Bucket]]] = []
+        self._deepest = -1  # the deepest position built: topics are split no further
+        # Topics cached but not in the built indexes yet: added when a filter needs them
+        # (rare next to puts), so a cold topic stream does not index what it never reads.
         self._unindexed: list[str] = []
         self.hits = 0
         self.misses = 0
@@ -108,37 +141,56 @@ class MatchCache:
     def clear(self) -> None:
         if self.results:
             self.clears += 1
-        self.results = {}
-        self._index = {}
-        self._unindexed = []
-
-    def _index_pending(self) -> None:
-        """Add the topics cached since the last invalidation to the index."""
-        index = self._index
-        for topic in self._unindexed:
-            node = index
-            for level in topic.split("/"):
-                child = node.get(level)
-                if child is None:
-                    child = node[level] = {}
-                node = child
-            node[_END] = topic
-        self._unindexed = []
+        self._empty()
 
     def invalidate(self, flt: Filter) -> None:
         """Forget every cached topic ``flt`` can match."""
-        if not self.results:
+        found = self._affected(flt)
+        if not found:
             return
-        if flt.excludes_system:  # a wildcard first level: it can reach every cached topic
-            self.clear()
-            return
-        if self._unindexed:
-            self._index_pending()
-        found: list[str] = []
-        _collect(self._index, flt.levels, 0, flt.rest, found)
         for topic in found:
             self._forget(topic)
         self.invalidated += len(found)
+
+    def add_subscriber(self, flt: Filter, subscriber: Hashable) -> None:
+        """``subscriber`` now holds ``flt``: add it to the cached answers ``flt`` matches."""
+        found = self._affected(flt)
+        if not found:
+            return
+        results = self.results
+        changed = 0
+        for topic in found:
+            result = results[topic]
+            if subscriber not in result:
+                results[topic] = result | {subscriber}
+                changed += 1
+        self.invalidated += changed
+
+    def remove_subscriber(
+        self,
+        flt: Filter,
+        subscriber: Hashable,
+        still_wants: Callable[[Hashable, list[str]], bool] | None = None,
+    ) -> None:
+        """``subscriber`` dropped ``flt``: take it out of the cached answers ``flt`` matches.
+
+        ``still_wants(subscriber, levels)`` says whether the subscriber still wants a
+        topic through another filter it holds (it then stays in that answer); None
+        means it holds no other filter.
+        """
+        found = self._affected(flt)
+        if not found:
+            return
+        results = self.results
+        changed = 0
+        for topic in found:
+            result = results[topic]
+            if subscriber in result and (
+                still_wants is None or not still_wants(subscriber, topic.split("/"))
+            ):
+                results[topic] = result - {subscriber}
+                changed += 1
+        self.invalidated += changed
 
     def statistics(self) -> CacheStatistics:
         return CacheStatistics(
@@ -150,64 +202,139 @@ class MatchCache:
             clears=self.clears,
         )
 
+    def _affected(self, flt: Filter) -> list[str] | None:
+        """The cached topics ``flt`` matches, each in every built index.
+
+        None when there is nothing to do: the cache is empty, or ``flt`` has no level
+        to look up and the cache was emptied.
+        """
+        results = self.results
+        if not results:
+            return None
+        text = flt.text
+        if flt.rest is None and ("*" if flt.dialect == NATIVE else "+") not in text:
+            # No wildcard: it matches its own text only (an mqtt text holding `*` or `>`
+            # is no topic). No index needed, but _forget expects the topic in the built ones.
+            if text not in results:
+                return []
+            if self._unindexed:
+                self._index_pending()
+            return [text]
+        if self._unindexed:
+            self._index_pending()
+        levels = flt.levels
+        by_level = self._by_level
+        best: Bucket | None = None
+        for i in range(len(levels) - 1, -1, -1):  # the built positions, deepest first
+            token = levels[i]
+            if token.__class__ is str:
+                index = by_level[i]
+                if index is None:
+                    continue
+                bucket = index.get(token)  # type: ignore[arg-type]
+                if bucket is None:
+                    return []  # no cached topic holds this level here
+                if best is None or len(bucket) < len(best):
+                    best = bucket
+                    if len(bucket) <= _FEW:
+                        break
+        if best is None or len(best) * _NARROW > len(results):
+            # The built positions do not narrow the search down: build the filter's
+            # others, deepest first, until one does.
+            for i in range(len(levels) - 1, -1, -1):
+                token = levels[i]
+                if token.__class__ is str and by_level[i] is None:
+                    bucket = self._build(i).get(token)  # type: ignore[arg-type]
+                    if bucket is None:
+                        return []
+                    if best is None or len(bucket) < len(best):
+                        best = bucket
+                        if len(bucket) * _NARROW <= len(results):
+                            break
+        candidates: Bucket | list[str]
+        if best is not None:
+            candidates = best
+        else:  # no literal level
+            first = levels[0] if levels else STAR
+            if first is STAR:
+                self.clear()
+                return None
+            prefix: str = first.prefix  # type: ignore[union-attr]
+            candidates = [topic for topic in results if topic.startswith(prefix)]
+        matches = flt.matches_levels
+        found = []
+        for topic in candidates:  # a loop, not a comprehension: usually 0-2 candidates
+            if matches(topic.split("/")):
+                found.append(topic)
+        return found
+
+    def _build(self, position: int) -> dict[str, Bucket]:
+        """Index every cached topic (none pending) by its level at ``position``."""
+        index: dict[str, Bucket] = {}
+        for topic in self.results:
+            levels = topic.split("/", position + 1)  # the levels after it stay joined
+            if len(levels) > position:
+                level = levels[position]
+                bucket = index.get(level)
+                if bucket is None:
+                    index[level] = {topic: None}
+                else:
+                    bucket[topic] = None
+        self._by_level[position] = index
+        self._indexed.append((position, index))
+        self._deepest = max(self._deepest, position)
+        return index
+
+    def _index_pending(self) -> None:
+        """Add the topics cached since the last change to the built indexes."""
+        indexed = self._indexed
+        if indexed:
+            split = self._deepest + 1
+            for topic in self._unindexed:
+                levels = topic.split("/", split)
+                depth = len(levels)
+                for position, index in indexed:
+                    if position < depth:
+                        level = levels[position]
+                        bucket = index.get(level)
+                        if bucket is None:
+                            index[level] = {topic: None}
+                        else:
+                            bucket[topic] = None
+        self._unindexed = []
+
+    def _empty(self) -> None:
+        """No topics; the positions built stay built, and empty."""
+        self.results = {}
+        self._unindexed = []
+        if self._indexed:
+            self._indexed = [(position, {}) for position, _ in self._indexed]
+            for position, index in self._indexed:
+                self._by_level[position] = index
+
     def _sweep(self) -> None:
         if self.sweep_to == 0:
             self.evictions += len(self.results)
-            self.results = {}
-            self._index = {}
-            self._unindexed = []
+            self._empty()
             return
         if self._unindexed:
-            self._index_pending()  # _forget walks the index
+            self._index_pending()  # _forget leaves the topic's buckets
         excess = len(self.results) - self.sweep_to
         for topic in list(islice(self.results, excess)):
             self._forget(topic)
         self.evictions += excess
 
     def _forget(self, topic: str) -> None:
+        """Drop a topic (none pending) from the results and from its buckets."""
         del self.results[topic]
-        path = []
-        node = self._index
-        for level in topic.split("/"):
-            path.append((node, level))
-            node = node[level]
-        del node[_END]
-        for parent, level in reversed(path):
-            if parent[level]:
-                break
-            del parent[level]
-
-
-def _collect(
-    node: dict[Any, Any], tokens: tuple[Token, ...], i: int, rest: Rest | None, out: list[str]
-) -> None:
-    """Append the indexed topics below ``node`` that ``tokens[i:]`` + ``rest`` match."""
-    if i == len(tokens):
-        if rest is None or rest.min_levels == 0:
-            topic = node.get(_END)
-            if topic is not None:
-                out.append(topic)
-        if rest is not None:
-            stack = [child for key, child in node.items() if key is not _END]
-            while stack:
-                below = stack.pop()
-                for key, child in below.items():
-                    if key is _END:
-                        out.append(child)
+        if self._indexed:
+            levels = topic.split("/", self._deepest + 1)
+            depth = len(levels)
+            for position, index in self._indexed:
+                if position < depth:
+                    level = levels[position]
+                    bucket = index[level]
+                    if len(bucket) == 1:
+                        del index[level]
                     else:
-                        stack.append(child)
-        return
-    token = tokens[i]
-    if token.__class__ is str:
-        child = node.get(token)
-        if child is not None:
-            _collect(child, tokens, i + 1, rest, out)
-    elif token is STAR:
-        for key, child in node.items():
-            if key is not _END:
-                _collect(child, tokens, i + 1, rest, out)
-    else:
-        prefix = token.prefix  # type: ignore[union-attr]
-        for key, child in node.items():
-            if key is not _END and key.startswith(prefix):
-                _collect(child, tokens, i + 1, rest, out)
+                        del bucket[topic]

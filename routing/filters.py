@@ -127,7 +127,7 @@ class Filter:
                 return False
         elif len(levels) < len(fixed) + self.rest.min_levels:
             return False
-        if self.excludes_system and levels[0].startswith("$"):
+        if levels[0].startswith("$") and self.excludes_system:
             return False
         for token, level in zip(fixed, levels, strict=False):
             if token.__class__ is str:

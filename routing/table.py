@@ -7,7 +7,9 @@ Three structures, each answering one question:
   most ``INDEX_DEPTH``), each node holding the group of filters that live
   there: which filters live under ``beacon/eu``? (prefix questions for
   route summarization and operators)
-- ``MatchCache``: the answer for a hot topic without walking anything.
+- ``MatchCache``: the answer for a hot topic without walking anything; a
+  subscribe or unsubscribe patches the cached answers its filter matches
+  (``_wants`` says whether an unsubscribed subscriber still wants a topic).
 
 An entry is (filter text, dialect, subscriber). Parsed filters are shared
 between the subscribers that hold the same text, and the pygtrie only
@@ -36,6 +38,9 @@ EMPTY: Final[Result] = frozenset()
 # sites apart in beacon/{region}/{country}/{site}/..., shallow enough that most new
 # filters join an existing group instead of adding pygtrie nodes.
 INDEX_DEPTH: Final = 4
+# After an unsubscribe, whether the subscriber still wants an affected cached topic: the
+# filters of one holding at most this many are tested one by one, else the trie is walked.
+_FEW_FILTERS: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +137,7 @@ class SubscriptionTable:
         self.generation += 1
         cache = self._cache
         if cache is not None and cache.results:
-            cache.invalidate(flt)
+            cache.add_subscriber(flt, subscriber)
         return True
 
     def add_many(self, entries: list[tuple[Filter, Hashable]]) -> int:
@@ -170,7 +175,7 @@ class SubscriptionTable:
             insert(flt, subscriber)
             added += 1
             if cache is not None and cache.results:
-                cache.invalidate(flt)
+                cache.add_subscriber(flt, subscriber)
         self._entries += added
         self.generation += added
         return added
@@ -204,7 +209,10 @@ class SubscriptionTable:
         deleted = self._trie.delete(flt, subscriber)
         assert deleted, "trie and entry index disagree"
         self._entries -= 1
-        self._changed(flt)
+        self.generation += 1
+        cache = self._cache
+        if cache is not None and cache.results:
+            cache.remove_subscriber(flt, subscriber, self._wants)
         return True
 
     def remove_subscriber(self, subscriber: Hashable) -> int:
@@ -305,10 +313,19 @@ class SubscriptionTable:
             return frozenset(holders[0])
         return frozenset().union(*holders)
 
-    def _changed(self, flt: Filter) -> None:
-        self.generation += 1
-        if self._cache is not None:
-            self._cache.invalidate(flt)
+    def _wants(self, subscriber: Hashable, levels: list[str]) -> bool:
+        """Whether ``subscriber`` wants the topic of (valid) ``levels``, through any filter.
+
+        A few filters are tested one by one; for more, one trie walk answers.
+        """
+        held = self._by_subscriber.get(subscriber)
+        if held is None:
+            return False
+        if held.__class__ is not set:
+            return held.matches_levels(levels)  # type: ignore[union-attr]
+        if len(held) <= _FEW_FILTERS:  # type: ignore[arg-type]
+            return any(flt.matches_levels(levels) for flt in held)  # type: ignore[union-attr]
+        return any(subscriber in holder for holder in self._trie.collect(levels))
 
     def _index_filter(self, flt: Filter) -> None:
         key = head = flt.levels[:INDEX_DEPTH]  # _literal_head, inlined: once per new filter

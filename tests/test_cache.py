@@ -40,9 +40,17 @@ def test_invalidate_drops_exactly_the_matching_topics(
     assert set(cache.results) == set(TOPICS) - dropped
 
 
-def test_wildcard_first_filter_clears_the_whole_cache() -> None:
+def test_wildcard_first_filter_with_a_literal_level_drops_only_what_it_matches() -> None:
     cache = filled(TOPICS)
     cache.invalidate(parse_filter("*/b"))
+    assert set(cache.results) == set(TOPICS) - {"a/b"}  # `$s/b`, `$t/b`: the `$` rule
+    assert cache.statistics().clears == 0
+
+
+@pytest.mark.parametrize(("flt", "dialect"), [(">", "native"), ("*/*", "native"), ("#", "mqtt")])
+def test_filter_with_nothing_to_look_up_clears_the_whole_cache(flt: str, dialect: str) -> None:
+    cache = filled(TOPICS)
+    cache.invalidate(parse_filter(flt, dialect))
     assert len(cache) == 0
     assert cache.statistics().clears == 1
 
@@ -93,3 +101,107 @@ def test_default_sweep_empties_the_cache_in_one_step() -> None:
     cache.put("t/9", ["t", "9"], frozenset())
     cache.invalidate(parse_filter("t/>"))
     assert len(cache) == 0
+
+
+def test_filter_naming_a_level_no_cached_topic_holds_changes_nothing() -> None:
+    cache = filled(TOPICS)
+    cache.invalidate(parse_filter("a/*/zz"))
+    cache.add_subscriber(parse_filter("*/*/zz"), "new")
+    assert set(cache.results) == set(TOPICS)
+    assert all(cache.results[t] == {t} for t in TOPICS)
+    assert cache.statistics().invalidated == 0
+
+
+def test_add_subscriber_patches_exactly_the_answers_the_filter_matches() -> None:
+    cache = filled(TOPICS)
+    cache.add_subscriber(parse_filter("a/*/c"), "new")
+    patched = {"a/b/c", "a/x/c", "a/bc/c"}
+    for topic in TOPICS:
+        expected = {topic, "new"} if topic in patched else {topic}
+        assert cache.results[topic] == expected, topic
+    assert len(cache) == len(TOPICS)  # nothing dropped: the cache stays warm
+    assert cache.statistics().invalidated == len(patched)
+
+
+def test_add_subscriber_leaves_an_answer_that_already_names_it() -> None:
+    cache = filled(TOPICS)
+    cache.add_subscriber(parse_filter("a/b/c"), "a/b/c")  # the answer is {"a/b/c"} already
+    assert cache.results["a/b/c"] == {"a/b/c"}
+    assert cache.statistics().invalidated == 0
+
+
+def test_remove_subscriber_takes_it_out_of_the_answers_the_filter_matches() -> None:
+    cache = filled(TOPICS)
+    cache.add_subscriber(parse_filter("a/>"), "new")
+    cache.remove_subscriber(parse_filter("a/>"), "new")
+    assert all(cache.results[t] == {t} for t in TOPICS)
+
+
+def test_remove_subscriber_keeps_it_where_it_still_wants_the_topic() -> None:
+    cache = filled(TOPICS)
+    cache.add_subscriber(parse_filter("a/>"), "new")
+    held = parse_filter("a/b/*")  # what "new" still holds
+    cache.remove_subscriber(
+        parse_filter("a/>"), "new", lambda subscriber, levels: held.matches_levels(levels)
+    )
+    assert cache.results["a/b/c"] == {"a/b/c", "new"}
+    assert cache.results["a/b/d"] == {"a/b/d", "new"}
+    assert cache.results["a/x/c"] == {"a/x/c"}
+
+
+def test_literal_filter_reaches_its_own_topic_only() -> None:
+    cache = filled(TOPICS)
+    cache.add_subscriber(parse_filter("a/b"), "new")
+    cache.add_subscriber(parse_filter("a/b", "mqtt"), "mqtt-new")
+    assert {t for t in TOPICS if "new" in cache.results[t]} == {"a/b"}
+    assert cache.results["a/b"] == {"a/b", "new", "mqtt-new"}
+
+
+def test_dollar_literal_filter_reaches_its_system_topic() -> None:
+    cache = filled(TOPICS)
+    cache.add_subscriber(parse_filter("$s/b"), "sys")
+    assert cache.results["$s/b"] == {"$s/b", "sys"}
+
+
+def test_only_the_positions_filters_need_are_indexed() -> None:
+    cache = filled([f"beacon/r{i % 3}/site{i}/view" for i in range(40)])
+    cache.add_subscriber(parse_filter("beacon/*/site7/>"), "s")
+    # the site level narrows the search on its own: neither `beacon` nor the region
+    # (held by every or a third of the cached topics) is indexed
+    assert [position for position, _ in cache._indexed] == [2]
+    assert cache.results["beacon/r1/site7/view"] == {"beacon/r1/site7/view", "s"}
+
+
+def test_topics_cached_after_a_change_are_indexed_at_the_next() -> None:
+    cache = filled(TOPICS)
+    cache.invalidate(parse_filter("a/*/c"))
+    cache.put("a/y/c", ["a", "y", "c"], frozenset())
+    cache.add_subscriber(parse_filter("a/*/c"), "new")
+    assert cache.results["a/y/c"] == {"new"}
+
+
+def test_positions_stay_indexed_after_the_cache_is_emptied() -> None:
+    cache = MatchCache(max_entries=4)
+    for i in range(4):
+        cache.put(f"t/{i}", ["t", str(i)], frozenset())
+    cache.invalidate(parse_filter("*/2"))  # indexes position 1
+    for i in range(4, 6):
+        cache.put(f"t/{i}", ["t", str(i)], frozenset())  # the fifth: over the bound, emptied
+    assert len(cache) == 0
+    assert [position for position, _ in cache._indexed] == [1]
+    cache.put("u/2", ["u", "2"], frozenset())
+    cache.put("u/3", ["u", "3"], frozenset())
+    cache.invalidate(parse_filter("*/2"))
+    assert set(cache.results) == {"u/3"}
+
+
+def test_one_by_one_sweep_leaves_the_index_consistent() -> None:
+    cache = MatchCache(max_entries=10, sweep_to=5)
+    for i in range(8):
+        cache.put(f"t/{i}/x", ["t", str(i), "x"], frozenset())
+    cache.add_subscriber(parse_filter("t/*/x"), "s")  # indexes position 2
+    for i in range(8, 20):
+        cache.put(f"t/{i}/x", ["t", str(i), "x"], frozenset())
+    cache.add_subscriber(parse_filter("*/*/x"), "s2")
+    assert sorted(cache.results) == sorted(f"t/{i}/x" for i in range(12, 20))
+    assert all(cache.results[t] == {"s2"} for t in cache.results)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from routing import SubscriptionTable, TopicError
+from routing import SubscriptionTable, TopicError, parse_filter
 
 
 @pytest.fixture(params=["cache", "no-cache"])
@@ -296,3 +296,102 @@ def test_filters_starting_with_a_wildcard_live_under_no_prefix(table: Subscripti
     table.add("a/>", "s2")
     table.add("#", "s3", dialect="mqtt")
     assert {f.text for f in table.filters_under("a")} == {"a/>"}
+
+
+# -- the match cache through subscription changes ------------------------------------------
+
+
+def warm_table(*topics: str) -> SubscriptionTable:
+    table = SubscriptionTable(cache_size=64)
+    table.add("a/>", "base")
+    for topic in topics:
+        table.match(topic)
+    return table
+
+
+def test_a_cached_topic_a_new_filter_matches_is_not_served_stale() -> None:
+    table = warm_table("a/b/c")
+    table.add("a/*/c", "new")
+    assert table.match("a/b/c") == {"base", "new"}
+
+
+def test_a_cached_topic_a_new_filter_matches_stays_cached() -> None:
+    table = warm_table("a/b/c")
+    hits = table.statistics().cache_hits
+    table.add("a/*/c", "new")
+    table.match("a/b/c")
+    assert table.statistics().cache_hits == hits + 1
+
+
+def test_unrelated_cached_topics_stay_cached_after_a_subscribe() -> None:
+    table = warm_table("a/b/c", "a/x/d")
+    table.add("a/*/c", "new")
+    before = table.statistics()
+    assert table.match("a/x/d") == {"base"}
+    after = table.statistics()
+    assert (after.cache_hits, after.cache_misses) == (before.cache_hits + 1, before.cache_misses)
+
+
+def test_unsubscribe_takes_the_subscriber_out_of_cached_answers_and_keeps_them_cached() -> None:
+    table = warm_table("a/b/c")
+    table.add("a/*/c", "new")
+    table.match("a/b/c")
+    table.remove("a/*/c", "new")
+    before = table.statistics()
+    assert table.match("a/b/c") == {"base"}
+    assert table.statistics().cache_hits == before.cache_hits + 1
+
+
+def test_a_cached_answer_keeps_a_subscriber_another_of_its_filters_still_matches() -> None:
+    table = warm_table("a/b/c", "a/x/c")
+    table.add("a/*/c", "new")
+    table.add("a/b/>", "new")
+    table.remove("a/*/c", "new")
+    assert table.match("a/b/c") == {"base", "new"}  # still through a/b/>
+    assert table.match("a/x/c") == {"base"}
+
+
+def test_a_subscriber_holding_many_filters_keeps_what_one_still_matches() -> None:
+    table = warm_table("a/b/c", "a/x/c")
+    for i in range(20):  # more than the filters tested one by one: the trie answers
+        table.add(f"z/{i}", "many")
+    table.add("a/*/c", "many")
+    table.add("a/b/+", "many", dialect="mqtt")
+    table.remove("a/*/c", "many")
+    assert table.match("a/b/c") == {"base", "many"}
+    assert table.match("a/x/c") == {"base"}
+
+
+def test_a_wildcard_first_subscribe_leaves_cached_system_topics_alone() -> None:
+    table = warm_table("a/b", "$SYS/b")
+    table.add("*/b", "wild")
+    before = table.statistics()
+    assert table.match("$SYS/b") == set()
+    assert table.match("a/b") == {"base", "wild"}
+    after = table.statistics()
+    assert after.cache_hits == before.cache_hits + 2
+    assert after.cache_clears == 0
+
+
+def test_a_dollar_prefix_subscribe_reaches_cached_system_topics() -> None:
+    table = warm_table("a/b", "$SYS/b", "$x/b")
+    table.add("$S*/>", "sys")
+    assert table.match("$SYS/b") == {"sys"}
+    assert table.match("$x/b") == set()
+    assert table.match("a/b") == {"base"}
+    assert table.statistics().cache_clears == 0
+
+
+def test_add_many_patches_cached_answers() -> None:
+    table = warm_table("a/b/c", "a/x/c")
+    table.add_many([(parse_filter("a/*/c"), "s1"), (parse_filter("a/b/#", "mqtt"), "s2")])
+    assert table.match("a/b/c") == {"base", "s1", "s2"}
+    assert table.match("a/x/c") == {"base", "s1"}
+    assert table.statistics().cache_misses == 2  # the two warming matches only
+
+
+def test_cache_invalidated_counts_the_answers_a_change_altered() -> None:
+    table = warm_table("a/b/c", "a/x/c", "a/x/d")
+    table.add("a/*/c", "new")
+    table.remove("a/*/c", "new")
+    assert table.statistics().cache_invalidated == 4

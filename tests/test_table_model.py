@@ -4,7 +4,10 @@ The model is a set of (filter, dialect, subscriber) entries matched with the
 regex reference in tests/reference.py. Filters and topics come from a tiny
 alphabet so wildcards, prefixes, the `$` rule and `#`-matches-parent really
 collide. A small cache size makes sweeps happen; the invariant checks that
-every cached answer equals a fresh uncached walk.
+every cached answer equals a fresh uncached walk. The variants keep the cache
+warm across many changes (a larger cache, and a rule that matches every topic
+seen so far), sweep it one topic at a time, or have the table ask its trie
+whether an unsubscribed subscriber still wants a cached topic.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-from routing import SubscriptionTable, TopicError, parse_filter
+import routing.table
+from routing import MQTT, MatchCache, SubscriptionTable, TopicError, parse_filter
 from tests.reference import ref_matches
 
 NATIVE_LEVELS = ["a", "b", "ab", "$a", "*", "a*", "$*", "$a*", ">"]
@@ -43,6 +47,21 @@ def valid(text: str, dialect: str) -> bool:
     return True
 
 
+def an_instance(text: str, dialect: str) -> str | None:
+    """A topic the (valid) filter matches, its wildcards filled in; None if it has none."""
+    levels = []
+    for level in text.split("/"):
+        if level in (("*", ">") if dialect == "native" else ("+", "#")):
+            levels.append("a")
+        elif dialect == "native" and level.endswith("*"):
+            levels.append(level[:-1])  # a prefix matches itself
+        elif "*" in level or ">" in level:
+            return None  # an mqtt literal no topic holds
+        else:
+            levels.append(level)
+    return "/".join(levels)
+
+
 class TableModel(RuleBasedStateMachine):
     cache_size = 8
 
@@ -50,6 +69,7 @@ class TableModel(RuleBasedStateMachine):
         super().__init__()
         self.table = SubscriptionTable(cache_size=self.cache_size)
         self.model: set[tuple[str, str, str]] = set()
+        self.seen: list[str] = []
 
     added = Bundle("added")
     topics = Bundle("topics")
@@ -67,6 +87,25 @@ class TableModel(RuleBasedStateMachine):
         assert self.table.add(text, subscriber, dialect) == (entry not in self.model)
         self.model.add(entry)
         return entry
+
+    @rule(flt=filters(), subscriber=subscriber_strategy)
+    def churn_around_a_cached_topic(self, flt: tuple[str, str], subscriber: str) -> None:
+        """Cache a topic ``flt`` matches, subscribe ``flt`` and ``{first level}/#``, then
+        unsubscribe ``flt``: the subscriber must stay in the cached answer through the
+        wider filter (a random topic rarely meets a random filter, so this makes one)."""
+        text, dialect = flt
+        topic = an_instance(text, dialect)
+        if topic is None or not valid(text, dialect):
+            return
+        self.seen.append(topic)
+        self.match(topic)
+        first = text.split("/")[0]
+        if first in TOPIC_LEVELS:
+            self.add((f"{first}/#", MQTT), subscriber)
+        entry = self.add(flt, subscriber)
+        self.match(topic)
+        self.remove_again(entry)
+        self.match(topic)
 
     @rule(entries=st.lists(st.tuples(filters(), subscriber_strategy), max_size=6))
     def add_many(self, entries: list[tuple[tuple[str, str], str]]) -> None:
@@ -91,14 +130,28 @@ class TableModel(RuleBasedStateMachine):
         assert self.table.remove(text, subscriber, dialect) == (entry in self.model)
         self.model.discard(entry)
 
+    @rule(subscriber=subscriber_strategy)
+    def remove_subscriber(self, subscriber: str) -> None:
+        held = {e for e in self.model if e[2] == subscriber}
+        assert self.table.remove_subscriber(subscriber) == len(held)
+        self.model -= held
+
     @rule(target=topics, topic=topic_strategy)
     def new_topic(self, topic: str) -> str:
+        self.seen.append(topic)
         return topic
 
     @rule(topic=topics)
     def match(self, topic: str) -> None:
         expected = {s for (t, d, s) in self.model if ref_matches(t, d, topic)}
         assert self.table.match(topic) == expected
+
+    @rule()
+    def match_every_topic_seen(self) -> None:
+        """Warm the cache with every topic so far, so that changes meet many cached ones."""
+        for topic in self.seen:
+            expected = {s for (t, d, s) in self.model if ref_matches(t, d, topic)}
+            assert self.table.match(topic) == expected, topic
 
     @rule(prefix=st.lists(st.sampled_from(TOPIC_LEVELS), min_size=1, max_size=5))
     def filters_under(self, prefix: list[str]) -> None:
@@ -133,9 +186,54 @@ class TableModel(RuleBasedStateMachine):
         for topic, result in cache.results.items():
             assert result == self.table.match_uncached(topic), topic
 
+    @invariant()
+    def cache_index_holds_exactly_the_indexed_topics(self) -> None:
+        """Each built position's buckets hold the cached topics not pending, by level."""
+        cache = self.table._cache
+        if cache is None:
+            return
+        pending = set(cache._unindexed)
+        assert len(pending) == len(cache._unindexed) and pending <= cache.results.keys()
+        for position, index in cache._indexed:
+            assert cache._by_level[position] is index
+            expected: dict[str, set[str]] = {}
+            for topic in cache.results.keys() - pending:
+                levels = topic.split("/")
+                if len(levels) > position:
+                    expected.setdefault(levels[position], set()).add(topic)
+            assert {level: set(bucket) for level, bucket in index.items()} == expected
+
 
 class TableModelWithoutCache(TableModel):
     cache_size = 0
+
+
+class TableModelWarmCache(TableModel):
+    """A cache that holds every topic drawn: answers live through many changes."""
+
+    cache_size = 256
+
+
+class TableModelSweepOneByOne(TableModel):
+    """Sweeps drop the oldest topics one by one, each leaving the cache's index."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table._cache = MatchCache(8, sweep_to=4)
+
+
+class TableModelTrieWants(TableModel):
+    """Every subscriber holding two filters or more asks the trie after an unsubscribe."""
+
+    cache_size = 256
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._few = routing.table._FEW_FILTERS
+        routing.table._FEW_FILTERS = 0  # type: ignore[misc]
+
+    def teardown(self) -> None:
+        routing.table._FEW_FILTERS = self._few  # type: ignore[misc]
 
 
 TestTableModel = TableModel.TestCase
@@ -144,3 +242,11 @@ TestTableModelWithoutCache = TableModelWithoutCache.TestCase
 TestTableModelWithoutCache.settings = settings(
     max_examples=75, stateful_step_count=40, deadline=None
 )
+TestTableModelWarmCache = TableModelWarmCache.TestCase
+TestTableModelWarmCache.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
+TestTableModelSweepOneByOne = TableModelSweepOneByOne.TestCase
+TestTableModelSweepOneByOne.settings = settings(
+    max_examples=75, stateful_step_count=40, deadline=None
+)
+TestTableModelTrieWants = TableModelTrieWants.TestCase
+TestTableModelTrieWants.settings = settings(max_examples=75, stateful_step_count=50, deadline=None)

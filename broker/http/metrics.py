@@ -241,7 +241,7 @@ def _table(broker: Broker) -> Iterator[Metric]:
     )
     yield _counter(
         "topiary_match_cache_invalidated",
-        "Match cache entries dropped by subscription changes.",
+        "Match cache answers changed by subscription changes (patched in place or dropped).",
         table.cache_invalidated,
     )
     yield _counter("topiary_match_cache_clears", "Match cache cleared whole.", table.cache_clears)
