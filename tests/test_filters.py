@@ -1,12 +1,13 @@
 """Filter syntax and semantics in both dialects."""
 
 import contextlib
+import pickle
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from routing import Filter, TopicError, parse_filter
+from routing import MQTT, NATIVE, Filter, TopicError, parse_filter
 from tests.reference import ref_matches
 
 VALID_NATIVE = ["a", "a/b", "*", ">", "a/*", "a/>", "*/b/>", "abc*", "a/abc*/c", "a/+/#", "$SYS/>"]
@@ -179,3 +180,20 @@ def test_filter_matches_agrees_with_the_reference(
 def test_parsing_any_text_either_succeeds_or_raises_topic_error(text: str, dialect: str) -> None:
     with contextlib.suppress(TopicError):
         parse_filter(text, dialect)
+
+
+def test_dialect_is_the_module_constant_whatever_string_was_given() -> None:
+    """A broker holds one Filter per distinct filter: a dialect decoded from the wire must
+    not cost a string of its own in each."""
+    native = "".join(["nat", "ive"])
+    mqtt = "".join(["mq", "tt"])
+    assert parse_filter("a/b", native).dialect is NATIVE
+    assert parse_filter("a/+", mqtt).dialect is MQTT
+
+
+def test_filters_of_the_same_text_in_two_dialects_hash_alike_but_differ() -> None:
+    native, mqtt = parse_filter("a/b"), parse_filter("a/b", MQTT)
+    assert native != mqtt
+    assert len({native, mqtt, parse_filter("a/b")}) == 2
+    assert pickle.loads(pickle.dumps(mqtt)) == mqtt
+    assert hash(pickle.loads(pickle.dumps(mqtt))) == hash(mqtt)
