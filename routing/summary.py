@@ -297,7 +297,11 @@ class Summarizer:
 
     def _is_covered(self, flt: Filter, sample: tuple[str, ...]) -> bool:
         """Does an advertised filter cover ``flt``? Every coverer matches its sample."""
-        for holder in self._coverers.collect(sample):
+        lone, dicts = self._coverers.collect(sample)
+        for other in lone:
+            if covers(other, flt):  # type: ignore[arg-type]
+                return True
+        for holder in dicts:
             for other in holder:
                 if covers(other, flt):  # type: ignore[arg-type]
                     return True

@@ -306,12 +306,14 @@ class SubscriptionTable:
 
     def _match_levels(self, levels: list[str]) -> Result:
         self._cold_matches += 1
-        holders = self._trie.collect(levels)
-        if not holders:
-            return EMPTY
-        if len(holders) == 1:
-            return frozenset(holders[0])
-        return frozenset().union(*holders)
+        lone, dicts = self._trie.collect(levels)
+        if not dicts:
+            return frozenset(lone) if lone else EMPTY
+        if lone:
+            return frozenset(lone).union(*dicts)
+        if len(dicts) == 1:
+            return frozenset(dicts[0])
+        return frozenset().union(*dicts)
 
     def _wants(self, subscriber: Hashable, levels: list[str]) -> bool:
         """Whether ``subscriber`` wants the topic of (valid) ``levels``, through any filter.
@@ -325,7 +327,8 @@ class SubscriptionTable:
             return held.matches_levels(levels)  # type: ignore[union-attr]
         if len(held) <= _FEW_FILTERS:  # type: ignore[arg-type]
             return any(flt.matches_levels(levels) for flt in held)  # type: ignore[union-attr]
-        return any(subscriber in holder for holder in self._trie.collect(levels))
+        lone, dicts = self._trie.collect(levels)
+        return subscriber in lone or any(subscriber in holder for holder in dicts)
 
     def _index_filter(self, flt: Filter) -> None:
         key = head = flt.levels[:INDEX_DEPTH]  # _literal_head, inlined: once per new filter

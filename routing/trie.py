@@ -1,36 +1,49 @@
 """The match trie: one node per filter level, with wildcard slots.
 
 Like the level structure in nats-server's sublist, each node keeps its
-literal children in a dict plus dedicated slots for ``*`` (``star``) and for
-prefix stars (``prefixes``, keyed by prefix), and holds subscribers where a
+literal children (``literal``) plus dedicated slots for ``*`` (``star``) and
+for prefix stars (``prefixes``, by prefix), and holds subscribers where a
 filter ends: ``exact`` (the filter ends here), ``rest_one`` (native ``>``
 here) and ``rest_any`` (MQTT ``#`` here). Matching a topic follows, per
 level, at most one literal child, the star child and the prefix children
 that fit, so its cost grows with topic depth and the size of the answer,
 never with the number of subscriptions.
 
-Holders map subscriber -> reference count, because one subscriber may reach
-the same node through two filters (``a/*`` native and ``a/+`` mqtt).
-Removing the last reference prunes empty nodes, so an emptied trie has a
-single root node again.
+Memory: a broker holds about 1.6 nodes per distinct filter, and most nodes
+have one literal child and one subscriber, so neither gets a container of
+its own (a dict costs 184-224 bytes, the node itself 88):
+
+- ``literal`` and ``prefixes`` hold the lone child itself, which knows its
+  token (``key``), and become a dict token -> child at the second child;
+- a holder slot holds the lone subscriber itself, and becomes a dict
+  subscriber -> reference count once a second subscriber, or a second
+  reference of the same one, arrives (one subscriber may reach the same
+  node through two filters: ``a/*`` native and ``a/+`` mqtt). Subscribers
+  are hashable, so never a dict; ``None`` is kept in a dict, since an empty
+  slot is None.
+
+Removing the last reference prunes empty nodes and shrinks a dict of one
+back to the lone form, so an emptied trie has a single root node again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from routing.filters import REST_ANY, REST_ONE, STAR, Filter
+from routing.filters import STAR, Filter
 
-Holder = dict[Hashable, int]
+#: What a holder slot keeps: a lone subscriber, or subscriber -> reference count.
+Holder = Hashable | dict[Hashable, int]
 
 
 class _Node:
-    __slots__ = ("exact", "literal", "prefixes", "rest_any", "rest_one", "star")
+    __slots__ = ("exact", "key", "literal", "prefixes", "rest_any", "rest_one", "star")
 
-    def __init__(self) -> None:
-        self.literal: dict[str, _Node] | None = None
+    def __init__(self, key: str | None = None) -> None:
+        self.key = key  # the literal token or prefix this node is reached by (None for *)
+        self.literal: _Node | dict[str, _Node] | None = None
         self.star: _Node | None = None
-        self.prefixes: dict[str, _Node] | None = None
+        self.prefixes: _Node | dict[str, _Node] | None = None
         self.exact: Holder | None = None
         self.rest_one: Holder | None = None
         self.rest_any: Holder | None = None
@@ -49,10 +62,52 @@ class _Node:
 def _holder_slot(flt: Filter) -> str:
     if flt.rest is None:
         return "exact"
-    if flt.rest is REST_ONE or flt.rest.min_levels == 1:
+    if flt.rest.min_levels == 1:
         return "rest_one"
-    assert flt.rest is REST_ANY or flt.rest.min_levels == 0
+    assert flt.rest.min_levels == 0
     return "rest_any"
+
+
+def _child(children: _Node | dict[str, _Node] | None, key: str) -> _Node | None:
+    """The child reached by ``key`` in a ``literal`` or ``prefixes`` slot."""
+    if children is None:
+        return None
+    if children.__class__ is _Node:
+        return children if children.key == key else None  # type: ignore[union-attr]
+    return children.get(key)  # type: ignore[union-attr]
+
+
+def _add_child(children: _Node | dict[str, _Node] | None, child: _Node) -> _Node | dict:
+    """The slot's new value once ``child`` (with its ``key``) joins it."""
+    if children is None:
+        return child
+    if children.__class__ is _Node:
+        return {children.key: children, child.key: child}  # type: ignore[union-attr]
+    children[child.key] = child  # type: ignore[index]
+    return children  # type: ignore[return-value]
+
+
+def _drop_child(children: _Node | dict[str, _Node], key: str) -> _Node | dict | None:
+    """The slot's new value once the child at ``key`` is gone."""
+    if children.__class__ is _Node:
+        return None
+    del children[key]  # type: ignore[union-attr]
+    if len(children) == 1:  # type: ignore[arg-type]
+        (only,) = children.values()  # type: ignore[union-attr]
+        return only
+    return children
+
+
+def _hold(holder: Holder | None, subscriber: Hashable) -> Holder:
+    """The slot's new value with one more reference of ``subscriber``."""
+    if holder is None:
+        return subscriber if subscriber is not None else {None: 1}
+    if holder.__class__ is dict:
+        holder[subscriber] = holder.get(subscriber, 0) + 1  # type: ignore[index,union-attr]
+        return holder
+    if holder is subscriber or holder == subscriber:
+        return {subscriber: 2}
+    return {holder: 1, subscriber: 1}
 
 
 class MatchTrie:
@@ -69,11 +124,13 @@ class MatchTrie:
         for token in flt.levels:
             if token.__class__ is str:
                 children = node.literal
-                if children is None:
-                    children = node.literal = {}
-                child = children.get(token)  # type: ignore[arg-type]
+                if children.__class__ is _Node:
+                    child = children if children.key == token else None  # type: ignore[union-attr]
+                else:
+                    child = children.get(token) if children is not None else None  # type: ignore[union-attr,arg-type]
                 if child is None:
-                    child = children[token] = _Node()  # type: ignore[index]
+                    child = _Node(token)  # type: ignore[arg-type]
+                    node.literal = _add_child(children, child)
                     self.nodes += 1
             elif token is STAR:
                 child = node.star
@@ -81,28 +138,28 @@ class MatchTrie:
                     child = node.star = _Node()
                     self.nodes += 1
             else:
-                prefixes = node.prefixes
-                if prefixes is None:
-                    prefixes = node.prefixes = {}
-                child = prefixes.get(token.prefix)  # type: ignore[union-attr]
+                prefix = token.prefix  # type: ignore[union-attr]
+                child = _child(node.prefixes, prefix)
                 if child is None:
-                    child = prefixes[token.prefix] = _Node()  # type: ignore[union-attr]
+                    child = _Node(prefix)
+                    node.prefixes = _add_child(node.prefixes, child)
                     self.nodes += 1
             node = child
         rest = flt.rest  # _holder_slot, inlined: a broker inserts once per SUB
         if rest is None:
             holder = node.exact
-            if holder is None:
-                holder = node.exact = {}
+            if holder is None and subscriber is not None:
+                node.exact = subscriber
+            else:
+                node.exact = _hold(holder, subscriber)
         elif rest.min_levels:
             holder = node.rest_one
-            if holder is None:
-                holder = node.rest_one = {}
+            if holder is None and subscriber is not None:
+                node.rest_one = subscriber
+            else:
+                node.rest_one = _hold(holder, subscriber)
         else:
-            holder = node.rest_any
-            if holder is None:
-                holder = node.rest_any = {}
-        holder[subscriber] = holder.get(subscriber, 0) + 1
+            node.rest_any = _hold(node.rest_any, subscriber)
 
     def delete(self, flt: Filter, subscriber: Hashable) -> bool:
         """Drop one reference; False when the filter/subscriber was not there."""
@@ -111,27 +168,40 @@ class MatchTrie:
         for token in flt.levels:
             assert node is not None
             if token.__class__ is str:
-                child = node.literal.get(token) if node.literal else None  # type: ignore[arg-type]
+                child = _child(node.literal, token)  # type: ignore[arg-type]
             elif token is STAR:
                 child = node.star
             else:
-                child = node.prefixes.get(token.prefix) if node.prefixes else None  # type: ignore[union-attr]
+                child = _child(node.prefixes, token.prefix)  # type: ignore[union-attr]
             if child is None:
                 return False
             path.append((node, token))
             node = child
         assert node is not None
         slot = _holder_slot(flt)
-        holder: Holder | None = getattr(node, slot)
-        if holder is None or subscriber not in holder:
+        holder = getattr(node, slot)
+        if holder is None:
             return False
-        count = holder[subscriber] - 1
-        if count:
-            holder[subscriber] = count
+        if holder.__class__ is dict:
+            count = holder.get(subscriber)
+            if count is None:
+                return False
+            if count > 1:
+                holder[subscriber] = count - 1
+            else:
+                del holder[subscriber]
+                if not holder:  # (only when it held None alone)
+                    setattr(node, slot, None)
+                    self._prune(path, node)
+                    return True
+            if len(holder) == 1:  # back to the lone form when one reference is left
+                ((only, left),) = holder.items()
+                if left == 1 and only is not None:
+                    setattr(node, slot, only)
             return True
-        del holder[subscriber]
-        if not holder:
-            setattr(node, slot, None)
+        if not (holder is subscriber or holder == subscriber):
+            return False
+        setattr(node, slot, None)
         self._prune(path, node)
         return True
 
@@ -141,73 +211,95 @@ class MatchTrie:
                 return
             if token.__class__ is str:
                 assert parent.literal is not None
-                del parent.literal[token]  # type: ignore[arg-type]
-                if not parent.literal:
-                    parent.literal = None
+                parent.literal = _drop_child(parent.literal, token)  # type: ignore[arg-type]
             elif token is STAR:
                 parent.star = None
             else:
                 assert parent.prefixes is not None
-                del parent.prefixes[token.prefix]  # type: ignore[attr-defined]
-                if not parent.prefixes:
-                    parent.prefixes = None
+                parent.prefixes = _drop_child(parent.prefixes, token.prefix)  # type: ignore[attr-defined]
             self.nodes -= 1
             node = parent
 
-    def collect(self, levels: Sequence[str]) -> list[Holder]:
-        """The holders whose filters match the (valid) topic ``levels``.
+    def collect(self, levels: Sequence[str]) -> tuple[list[Hashable], list[dict[Hashable, int]]]:
+        """Who holds a filter matching the (valid) topic ``levels``: the lone subscribers
+        of the matching holders, and the dicts of the others.
 
-        A subscriber may appear in several holders; the caller deduplicates.
+        A subscriber may appear more than once; the caller deduplicates.
         """
-        found: list[Holder] = []
+        lone: list[Hashable] = []
+        dicts: list[dict[Hashable, int]] = []
         root = self._root
         first = levels[0]
         if first[0] == "$":
             # System topic: only a literal first level or a `$` prefix (`$*`, `$SYS*`) may
             # match it; a non-empty prefix that fits `first` starts with `$`.
-            child = root.literal.get(first) if root.literal else None
+            child = _child(root.literal, first)
             nodes = [child] if child is not None else []
-            prefixes = root.prefixes
-            if prefixes is not None:
-                nodes.extend(
-                    child for prefix, child in prefixes.items() if first.startswith(prefix)
-                )
+            if root.prefixes is not None:
+                _fitting(root.prefixes, first, nodes)
             start = 1
         else:
             nodes = [root]
             start = 0
         for i in range(start, len(levels)):
             if not nodes:
-                return found
+                return lone, dicts
             level = levels[i]
             nxt: list[_Node] = []
             for node in nodes:
-                if node.rest_one is not None:
-                    found.append(node.rest_one)
-                if node.rest_any is not None:
-                    found.append(node.rest_any)
+                holder = node.rest_one
+                if holder is not None:
+                    if holder.__class__ is dict:
+                        dicts.append(holder)  # type: ignore[arg-type]
+                    else:
+                        lone.append(holder)
+                holder = node.rest_any
+                if holder is not None:
+                    if holder.__class__ is dict:
+                        dicts.append(holder)  # type: ignore[arg-type]
+                    else:
+                        lone.append(holder)
                 literal = node.literal
                 if literal is not None:
-                    child = literal.get(level)
-                    if child is not None:
-                        nxt.append(child)
+                    if literal.__class__ is _Node:
+                        if literal.key == level:  # type: ignore[union-attr]
+                            nxt.append(literal)  # type: ignore[arg-type]
+                    else:
+                        child = literal.get(level)  # type: ignore[union-attr]
+                        if child is not None:
+                            nxt.append(child)
                 if node.star is not None:
                     nxt.append(node.star)
-                prefixes = node.prefixes
-                if prefixes is not None:
-                    if len(prefixes) <= len(level) + 1:
-                        for prefix, child in prefixes.items():
-                            if level.startswith(prefix):
-                                nxt.append(child)
-                    else:
-                        for end in range(len(level) + 1):
-                            child = prefixes.get(level[:end])
-                            if child is not None:
-                                nxt.append(child)
+                if node.prefixes is not None:
+                    _fitting(node.prefixes, level, nxt)
             nodes = nxt
         for node in nodes:
-            if node.exact is not None:
-                found.append(node.exact)
-            if node.rest_any is not None:
-                found.append(node.rest_any)
-        return found
+            holder = node.exact
+            if holder is not None:
+                if holder.__class__ is dict:
+                    dicts.append(holder)  # type: ignore[arg-type]
+                else:
+                    lone.append(holder)
+            holder = node.rest_any
+            if holder is not None:
+                if holder.__class__ is dict:
+                    dicts.append(holder)  # type: ignore[arg-type]
+                else:
+                    lone.append(holder)
+        return lone, dicts
+
+
+def _fitting(prefixes: _Node | dict[str, _Node], level: str, into: list[_Node]) -> None:
+    """Append the prefix children whose prefix ``level`` starts with."""
+    if prefixes.__class__ is _Node:
+        if level.startswith(prefixes.key):  # type: ignore[union-attr,arg-type]
+            into.append(prefixes)  # type: ignore[arg-type]
+    elif len(prefixes) <= len(level) + 1:  # type: ignore[arg-type]
+        for prefix, child in prefixes.items():  # type: ignore[union-attr]
+            if level.startswith(prefix):
+                into.append(child)
+    else:
+        for end in range(len(level) + 1):
+            child = prefixes.get(level[:end])  # type: ignore[union-attr]
+            if child is not None:
+                into.append(child)

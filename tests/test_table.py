@@ -395,3 +395,48 @@ def test_cache_invalidated_counts_the_answers_a_change_altered() -> None:
     table.add("a/*/c", "new")
     table.remove("a/*/c", "new")
     assert table.statistics().cache_invalidated == 4
+
+
+def test_one_subscriber_twice_at_one_node_then_once(table: SubscriptionTable) -> None:
+    """Two filters ending at the same node for one subscriber (a reference count of two),
+    then one of them gone: it still matches, and the last removal empties the trie."""
+    table.add("a/*", "s1")
+    table.add("a/+", "s1", dialect="mqtt")
+    table.add("a/+", "s2", dialect="mqtt")
+    assert table.match("a/x") == {"s1", "s2"}
+    table.remove("a/+", "s1", dialect="mqtt")
+    assert table.match("a/x") == {"s1", "s2"}
+    table.remove("a/+", "s2", dialect="mqtt")
+    assert table.match("a/x") == {"s1"}
+    assert table.remove("a/*", "s1")
+    assert table.match("a/x") == set()
+    assert table.statistics().trie_nodes == 1
+
+
+def test_none_is_a_subscriber_like_any_other(table: SubscriptionTable) -> None:
+    table.add("a/b", None)
+    table.add("a/b", "s1")
+    assert table.match("a/b") == {None, "s1"}
+    table.remove("a/b", "s1")
+    assert table.match("a/b") == {None}
+    table.remove("a/b", None)
+    assert table.match("a/b") == set()
+    assert table.statistics().trie_nodes == 1
+
+
+def test_siblings_and_prefixes_come_and_go(table: SubscriptionTable) -> None:
+    """A node's children grow from one to several and shrink back (literal and prefix)."""
+    texts = ["a/b", "a/c", "a/d", "a/b*", "a/c*", "a/bc*/>"]
+    for text in texts:
+        table.add(text, text)
+    assert table.match("a/bcd") == {"a/b*"}
+    assert table.match("a/bcd/e") == {"a/bc*/>"}
+    assert table.match("a/c") == {"a/c", "a/c*"}
+    for text in texts[::2]:  # a/b, a/d, a/c*
+        table.remove(text, text)
+    assert table.match("a/c") == {"a/c"}
+    assert table.match("a/b") == {"a/b*"}
+    assert table.match("a/bcd/e") == {"a/bc*/>"}
+    for text in texts[1::2]:
+        table.remove(text, text)
+    assert table.statistics().trie_nodes == 1

@@ -178,6 +178,33 @@ class TableModel(RuleBasedStateMachine):
             assert self.table.filters_of(subscriber) == held
 
     @invariant()
+    def trie_is_compact(self) -> None:
+        """No container where a lone child or subscriber would do, no node left over."""
+        trie = self.table._trie
+        stack = [trie._root]
+        reachable = 0
+        while stack:
+            node = stack.pop()
+            reachable += 1
+            for slot in (node.literal, node.prefixes):
+                if isinstance(slot, dict):
+                    assert len(slot) >= 2
+                    assert all(child.key == key for key, child in slot.items())
+                    stack.extend(slot.values())
+                elif slot is not None:
+                    stack.append(slot)
+            if node.star is not None:
+                stack.append(node.star)
+            for holder in (node.exact, node.rest_one, node.rest_any):
+                if isinstance(holder, dict):
+                    assert len(holder) >= 2 or next(iter(holder.values())) >= 2
+            if node is not trie._root:
+                assert not node.is_empty()
+        assert reachable == trie.nodes
+        if not self.model:
+            assert trie.nodes == 1
+
+    @invariant()
     def cached_answers_are_fresh(self) -> None:
         cache = self.table._cache
         if cache is None:
