@@ -18,11 +18,17 @@ changes when a new place in the hierarchy gains or loses its last filter
 subscribe), so subscribe and unsubscribe stay cheap. ``generation`` moves
 on every change, so caches kept elsewhere (per connection, per peer link)
 can tell they are stale without being told.
+
+Memory: a broker holds 50,000 filters and more, most of them native, held
+by one subscriber, alone in their place in the hierarchy. So what is
+common costs no container: a native filter's record is keyed by its text
+(an MQTT one by (text, dialect)), a holder count is kept only from two
+holders on, and a group of one filter is the filter itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -71,15 +77,16 @@ class SubscriptionTable:
     def __init__(self, *, cache_size: int = DEFAULT_MAX_ENTRIES) -> None:
         self._trie = MatchTrie()
         self._cache: MatchCache | None = MatchCache(cache_size) if cache_size > 0 else None
-        # (text, dialect) -> the distinct Filter, and how many subscribers hold it: two
-        # dicts rather than a record object per filter, which the cyclic GC would have to
-        # track and traverse (a broker holds one per distinct filter, 50,000+)
-        self._records: dict[tuple[str, str], Filter] = {}
-        self._holders: dict[tuple[str, str], int] = {}
-        # pygtrie: literal head of a filter -> its group (dict used as an ordered set); the
-        # plain dict finds an existing group without a pygtrie walk.
+        # key (_key: the text of a native filter, else (text, dialect)) -> the distinct
+        # Filter, and how many subscribers hold it when more than one: dicts rather than a
+        # record object per filter, which the cyclic GC would have to track and traverse
+        self._records: dict[Key, Filter] = {}
+        self._holders: dict[Key, int] = {}
+        # pygtrie: the literal heads filters live at (values unused: True); the plain dict
+        # maps each head to its group, the Filter itself while it is alone, else a dict
+        # used as an ordered set. Only a new or emptied head walks the pygtrie.
         self._by_path: pygtrie.Trie = pygtrie.Trie()
-        self._groups: dict[tuple[str, ...], dict[Filter, None]] = {}
+        self._groups: dict[tuple[str, ...], Filter | dict[Filter, None]] = {}
         # subscriber -> its Filter, or a set once it holds two: most subscribers hold one
         # (every broker subscription is its own subscriber), and a set per entry costs
         # ~200 bytes and an allocation the GC must track
@@ -97,7 +104,7 @@ class SubscriptionTable:
             return False
         text, subscriber, *rest = entry
         dialect = rest[0] if rest else NATIVE
-        record = self._records.get((text, dialect))
+        record = self._records.get(_key(text, dialect))
         held = self._by_subscriber.get(subscriber)
         return record is not None and _holds(held, record)
 
@@ -109,13 +116,14 @@ class SubscriptionTable:
         # A broker adds a parsed Filter per SUB, tens of thousands pipelined: its path is
         # inlined (no helper calls), the string forms take the general one.
         if isinstance(filter, Filter):
-            key = (filter.text, filter.dialect)
+            text, dialect = filter.text, filter.dialect
         else:
-            key = _text_and_dialect(filter, dialect)
+            text, dialect = _text_and_dialect(filter, dialect)
+        key = _key(text, dialect)
         record = self._records.get(key)
         held = self._by_subscriber.get(subscriber)
         if record is None:
-            flt = filter if isinstance(filter, Filter) else parse_filter(*key)
+            flt = filter if isinstance(filter, Filter) else parse_filter(text, dialect)
         else:
             flt = record
             if _holds(held, flt):
@@ -128,10 +136,9 @@ class SubscriptionTable:
             self._by_subscriber[subscriber] = {held, flt}  # type: ignore[arg-type]
         if record is None:
             self._records[key] = flt
-            self._holders[key] = 1
             self._index_filter(flt)
         else:
-            self._holders[key] += 1
+            self._holders[key] = self._holders.get(key, 1) + 1
         self._trie.insert(flt, subscriber)
         self._entries += 1
         self.generation += 1
@@ -154,18 +161,17 @@ class SubscriptionTable:
         cache = self._cache
         added = 0
         for flt, subscriber in entries:
-            key = (flt.text, flt.dialect)
+            key = flt.text if flt.dialect is NATIVE else (flt.text, flt.dialect)  # _key
             record = records.get(key)
             held = by_subscriber.get(subscriber)
             if record is None:
                 records[key] = flt
-                holders[key] = 1
                 index(flt)
             else:
                 if _holds(held, record):
                     continue
                 flt = record
-                holders[key] += 1
+                holders[key] = holders.get(key, 1) + 1
             if held is None:
                 by_subscriber[subscriber] = flt
             elif held.__class__ is set:
@@ -183,7 +189,8 @@ class SubscriptionTable:
     def remove(self, filter: str | Filter, subscriber: Hashable, dialect: str = NATIVE) -> bool:
         """Unsubscribe; True if the pair was present. An invalid filter raises TopicError."""
         text, dialect = _text_and_dialect(filter, dialect)
-        record = self._records.get((text, dialect))
+        key = _key(text, dialect)
+        record = self._records.get(key)
         if record is None:
             if not isinstance(filter, Filter):
                 parse_filter(text, dialect)  # a bad filter is an error, not "absent"
@@ -198,13 +205,11 @@ class SubscriptionTable:
             held.discard(flt)  # type: ignore[union-attr]
             if not held:
                 del self._by_subscriber[subscriber]
-        key = (text, dialect)
-        holders = self._holders[key] - 1
-        if holders:
+        holders = self._holders.pop(key, 1) - 1
+        if holders > 1:
             self._holders[key] = holders
-        else:
+        elif not holders:
             del self._records[key]
-            del self._holders[key]
             self._unindex_filter(flt)
         deleted = self._trie.delete(flt, subscriber)
         assert deleted, "trie and entry index disagree"
@@ -271,20 +276,20 @@ class SubscriptionTable:
         """
         levels = tuple(check_common(prefix, "prefix"))
         if len(levels) > INDEX_DEPTH:
-            group = self._groups.get(levels[:INDEX_DEPTH], {})
             depth = len(levels)
             return [
                 f
-                for f in group
+                for f in _members(self._groups.get(levels[:INDEX_DEPTH]))
                 if len(f.levels) >= depth
                 and all(t.__class__ is str for t in f.levels[:depth])
                 and f.levels[:depth] == levels
             ]
         try:
-            groups = self._by_path.values(prefix=levels)
+            heads = self._by_path.keys(prefix=levels)
         except KeyError:
             return []
-        return [flt for group in groups for flt in group]
+        groups = self._groups
+        return [flt for head in heads for flt in _members(groups[tuple(head)])]
 
     def statistics(self) -> TableStatistics:
         cache = self._cache
@@ -336,20 +341,45 @@ class SubscriptionTable:
             if token.__class__ is not str:
                 key = head[:i]
                 break
-        group = self._groups.get(key)  # type: ignore[arg-type]
+        groups = self._groups
+        group = groups.get(key)  # type: ignore[arg-type]
         if group is None:
             # A new place in the hierarchy: the only time pygtrie is touched (4-7 us a walk).
-            group = self._groups[key] = {}
-            self._by_path[key] = group
-        group[flt] = None
+            groups[key] = flt  # type: ignore[index]
+            self._by_path[key] = True
+        elif group.__class__ is dict:
+            group[flt] = None  # type: ignore[index]
+        else:
+            groups[key] = {group: None, flt: None}  # type: ignore[index,dict-item]
 
     def _unindex_filter(self, flt: Filter) -> None:
         key = _literal_head(flt)
         group = self._groups[key]
-        del group[flt]
-        if not group:
+        if group.__class__ is dict:
+            del group[flt]  # type: ignore[union-attr]
+            if len(group) == 1:  # type: ignore[arg-type]
+                self._groups[key] = next(iter(group))  # type: ignore[call-overload]
+        else:
             del self._groups[key]
             del self._by_path[key]
+
+
+Key = str | tuple[str, str]
+
+
+def _key(text: str, dialect: str) -> Key:
+    """A record's key: a native filter's text (a tuple would cost 56 bytes), else
+    (text, dialect)."""
+    return text if dialect == NATIVE else (text, dialect)
+
+
+def _members(group: Filter | dict[Filter, None] | None) -> Iterable[Filter]:
+    """The filters of a group (a lone Filter, or a dict of them), or none."""
+    if group is None:
+        return ()
+    if group.__class__ is dict:
+        return group  # type: ignore[return-value]
+    return (group,)  # type: ignore[return-value]
 
 
 def _holds(held: Filter | set[Filter] | None, flt: Filter) -> bool:
