@@ -330,7 +330,7 @@ class Broker:
                 self._until_sample -= 1
                 if not self._until_sample:
                     self._sample(message)
-                if session.deliver(message, ref.sub_ids[0]):
+                if session.deliver(message, ref.sub_id):
                     counters.messages_out += 1
                     counters.bytes_out += message.size
                 return None
@@ -339,7 +339,7 @@ class Broker:
         for ref in targets:
             session = ref.session
             if session not in sessions:
-                sessions[session] = ref.sub_ids[0]
+                sessions[session] = ref.sub_id
         config = self.config
         size = len(payload)
         if config.overflow == "reject-publish":

@@ -80,15 +80,32 @@ class SubRef:
     and one table entry, so it still receives each message once.
     """
 
-    __slots__ = ("dialect", "filter", "session", "sub_ids")
+    __slots__ = ("_ids", "dialect", "filter", "session")
 
     def __init__(self, session: Session, filter: str, dialect: str) -> None:
         self.session = session
         self.filter = filter
         self.dialect = dialect
-        # A tuple (usually of one id): the cyclic GC stops tracking a tuple of ints, where
-        # it would traverse a list for as long as the subscription lives.
-        self.sub_ids: tuple[int, ...] = ()
+        # The subscription ids: the lone id itself (nearly always), else a tuple (empty
+        # once the last is gone). A broker holds one SubRef per subscription, and a tuple
+        # of one would cost 48 bytes each; neither form is tracked by the cyclic GC.
+        self._ids: int | tuple[int, ...] = ()
+
+    @property
+    def sub_ids(self) -> tuple[int, ...]:
+        """The subscription ids this entry stands for, in the order they were given."""
+        ids = self._ids
+        return (ids,) if ids.__class__ is int else ids  # type: ignore[return-value]
+
+    @sub_ids.setter
+    def sub_ids(self, ids: tuple[int, ...]) -> None:
+        self._ids = ids[0] if len(ids) == 1 else ids
+
+    @property
+    def sub_id(self) -> int:
+        """The first subscription id: the one a MSG names (``sub_ids[0]``, no tuple)."""
+        ids = self._ids
+        return ids if ids.__class__ is int else ids[0]  # type: ignore[return-value,index]
 
     def __repr__(self) -> str:
         return f"<SubRef {self.session.client_id} {self.filter!r} {self.dialect} {self.sub_ids}>"
