@@ -3,11 +3,13 @@
 Like the level structure in nats-server's sublist, each node keeps its
 literal children (``literal``) plus dedicated slots for ``*`` (``star``) and
 for prefix stars (``prefixes``, by prefix), and holds subscribers where a
-filter ends: ``exact`` (the filter ends here), ``rest_one`` (native ``>``
-here) and ``rest_any`` (MQTT ``#`` here). Matching a topic follows, per
-level, at most one literal child, the star child and the prefix children
-that fit, so its cost grows with topic depth and the size of the answer,
-never with the number of subscriptions.
+filter ends: ``exact`` (the filter ends here) and ``rest`` (native ``>``
+here: one or more levels follow). MQTT ``a/#`` matches ``a`` and one or more
+levels below it, which is ``a`` and ``a/>``: it is held in both slots of
+node ``a``. Matching a topic follows, per level, at most one literal child,
+the star child and the prefix children that fit, so its cost grows with
+topic depth and the size of the answer, never with the number of
+subscriptions.
 
 Memory: a broker holds about 1.6 nodes per distinct filter, and most nodes
 have one literal child and one subscriber, so neither gets a container of
@@ -37,7 +39,7 @@ Holder = Hashable | dict[Hashable, int]
 
 
 class _Node:
-    __slots__ = ("exact", "key", "literal", "prefixes", "rest_any", "rest_one", "star")
+    __slots__ = ("exact", "key", "literal", "prefixes", "rest", "star")
 
     def __init__(self, key: str | None = None) -> None:
         self.key = key  # the literal token or prefix this node is reached by (None for *)
@@ -45,8 +47,7 @@ class _Node:
         self.star: _Node | None = None
         self.prefixes: _Node | dict[str, _Node] | None = None
         self.exact: Holder | None = None
-        self.rest_one: Holder | None = None
-        self.rest_any: Holder | None = None
+        self.rest: Holder | None = None
 
     def is_empty(self) -> bool:
         return (
@@ -54,18 +55,44 @@ class _Node:
             and self.star is None
             and self.prefixes is None
             and self.exact is None
-            and self.rest_one is None
-            and self.rest_any is None
+            and self.rest is None
         )
 
 
-def _holder_slot(flt: Filter) -> str:
+def _holder_slots(flt: Filter) -> tuple[str, ...]:
+    """Where a filter's subscribers are held, at the node its levels lead to."""
     if flt.rest is None:
-        return "exact"
+        return ("exact",)
     if flt.rest.min_levels == 1:
-        return "rest_one"
+        return ("rest",)
     assert flt.rest.min_levels == 0
-    return "rest_any"
+    return ("exact", "rest")
+
+
+def _holding(holder: Holder | None, subscriber: Hashable) -> bool:
+    if holder is None:
+        return False
+    if holder.__class__ is dict:
+        return subscriber in holder  # type: ignore[operator]
+    return holder is subscriber or holder == subscriber
+
+
+def _release(holder: Holder, subscriber: Hashable) -> Holder | None:
+    """The slot's new value with one reference of ``subscriber`` (which it holds) less."""
+    if holder.__class__ is not dict:
+        return None
+    count = holder[subscriber]  # type: ignore[index]
+    if count > 1:
+        holder[subscriber] = count - 1  # type: ignore[index]
+    else:
+        del holder[subscriber]  # type: ignore[attr-defined]
+        if not holder:  # (only when it held None alone)
+            return None
+    if len(holder) == 1:  # type: ignore[arg-type]
+        ((only, left),) = holder.items()  # type: ignore[union-attr]
+        if left == 1 and only is not None:
+            return only  # back to the lone form
+    return holder
 
 
 def _child(children: _Node | dict[str, _Node] | None, key: str) -> _Node | None:
@@ -145,24 +172,27 @@ class MatchTrie:
                     node.prefixes = _add_child(node.prefixes, child)
                     self.nodes += 1
             node = child
-        rest = flt.rest  # _holder_slot, inlined: a broker inserts once per SUB
-        if rest is None:
+        rest = flt.rest  # _holder_slots, inlined: a broker inserts once per SUB
+        if rest is None or not rest.min_levels:
             holder = node.exact
             if holder is None and subscriber is not None:
                 node.exact = subscriber
             else:
                 node.exact = _hold(holder, subscriber)
-        elif rest.min_levels:
-            holder = node.rest_one
+        if rest is not None:
+            holder = node.rest
             if holder is None and subscriber is not None:
-                node.rest_one = subscriber
+                node.rest = subscriber
             else:
-                node.rest_one = _hold(holder, subscriber)
-        else:
-            node.rest_any = _hold(node.rest_any, subscriber)
+                node.rest = _hold(holder, subscriber)
 
     def delete(self, flt: Filter, subscriber: Hashable) -> bool:
-        """Drop one reference; False when the filter/subscriber was not there."""
+        """Drop one reference; False when the filter/subscriber was not there.
+
+        Callers keep their own record of what they inserted and delete only that: an MQTT
+        ``a/#`` shares its slots with ``a`` and ``a/>``, so a subscriber holding both of
+        those would pass for a holder of ``a/#`` too.
+        """
         path: list[tuple[_Node, object]] = []
         node: _Node | None = self._root
         for token in flt.levels:
@@ -178,30 +208,11 @@ class MatchTrie:
             path.append((node, token))
             node = child
         assert node is not None
-        slot = _holder_slot(flt)
-        holder = getattr(node, slot)
-        if holder is None:
+        slots = _holder_slots(flt)
+        if not all(_holding(getattr(node, slot), subscriber) for slot in slots):
             return False
-        if holder.__class__ is dict:
-            count = holder.get(subscriber)
-            if count is None:
-                return False
-            if count > 1:
-                holder[subscriber] = count - 1
-            else:
-                del holder[subscriber]
-                if not holder:  # (only when it held None alone)
-                    setattr(node, slot, None)
-                    self._prune(path, node)
-                    return True
-            if len(holder) == 1:  # back to the lone form when one reference is left
-                ((only, left),) = holder.items()
-                if left == 1 and only is not None:
-                    setattr(node, slot, only)
-            return True
-        if not (holder is subscriber or holder == subscriber):
-            return False
-        setattr(node, slot, None)
+        for slot in slots:
+            setattr(node, slot, _release(getattr(node, slot), subscriber))
         self._prune(path, node)
         return True
 
@@ -247,13 +258,7 @@ class MatchTrie:
             level = levels[i]
             nxt: list[_Node] = []
             for node in nodes:
-                holder = node.rest_one
-                if holder is not None:
-                    if holder.__class__ is dict:
-                        dicts.append(holder)  # type: ignore[arg-type]
-                    else:
-                        lone.append(holder)
-                holder = node.rest_any
+                holder = node.rest
                 if holder is not None:
                     if holder.__class__ is dict:
                         dicts.append(holder)  # type: ignore[arg-type]
@@ -275,12 +280,6 @@ class MatchTrie:
             nodes = nxt
         for node in nodes:
             holder = node.exact
-            if holder is not None:
-                if holder.__class__ is dict:
-                    dicts.append(holder)  # type: ignore[arg-type]
-                else:
-                    lone.append(holder)
-            holder = node.rest_any
             if holder is not None:
                 if holder.__class__ is dict:
                     dicts.append(holder)  # type: ignore[arg-type]

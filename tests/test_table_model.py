@@ -195,7 +195,7 @@ class TableModel(RuleBasedStateMachine):
                     stack.append(slot)
             if node.star is not None:
                 stack.append(node.star)
-            for holder in (node.exact, node.rest_one, node.rest_any):
+            for holder in (node.exact, node.rest):
                 if isinstance(holder, dict):
                     assert len(holder) >= 2 or next(iter(holder.values())) >= 2
             if node is not trie._root:
