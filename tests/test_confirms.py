@@ -83,3 +83,33 @@ async def test_a_commit_done_after_the_clients_closing_error_sends_nothing() -> 
         await trio.testing.wait_all_tasks_blocked()  # run() must neither send nor raise
         confirms.now(2)
         assert sent(session) == []
+
+
+async def test_no_task_waits_while_no_confirm_does() -> None:
+    """An idle connection keeps no confirms task (it would cost ~2 KiB); one starts, in the
+    nursery ``run`` ran in, while confirms wait for commits, and ends once they are sent."""
+    proto, session = open_server(), Session("c1", OutboundLimits(), Counters())
+    confirms = Confirms(session, proto)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(confirms.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert nursery.child_tasks == frozenset()
+        confirms.now(1)  # no commit to wait for: at once, no task
+        assert sent(session) == [PubAck(id=1)]
+        first, second = Commit(), Commit()
+        confirms.after(first, 2)
+        confirms.now(3)
+        confirms.after(second, 4)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(nursery.child_tasks) == 1
+        first.finish()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent(session) == [PubAck(id=2), PubAck(id=3)]
+        second.finish()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent(session) == [PubAck(id=4)]
+        assert nursery.child_tasks == frozenset()
+        confirms.after(Commit(), 5)  # and again
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(nursery.child_tasks) == 1
+        nursery.cancel_scope.cancel()
