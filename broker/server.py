@@ -33,6 +33,8 @@ log = get_logger("topiary.server")
 # accept() errors that mean "out of resources for now", as trio's serve_listeners treats them
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 ACCEPT_BACKOFF = 0.1
+#: The name of every client connection's task (trio's debugging and instrumentation see it).
+CONNECTION_TASK = "topiary.connection"
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
@@ -95,7 +97,8 @@ class Server:
                     continue
                 raise
             connection = ClientConnection(self.broker, stream, _peer_name(stream))
-            connections.start_soon(connection.run)
+            # A name of our own, shared: trio would format one string per task (~100 bytes)
+            connections.start_soon(connection.run, name=CONNECTION_TASK)
 
 
 async def run_broker(
