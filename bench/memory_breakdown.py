@@ -114,6 +114,23 @@ def _own_label(obj: Any) -> str | None:
     return f"{kind.__module__.split('.')[0]}.{kind.__qualname__}"
 
 
+def _dict_label(d: dict, parent: dict[int, Any], depth: int = 0) -> str | None:
+    """Whose dict ``d`` is: an object's (its ``__dict__``) or an attribute (``Session.refs``),
+    found through ``parent`` (id -> the first new object seen referring to it)."""
+    owner = parent.get(id(d))
+    if owner is None or depth > 3:
+        return None
+    if getattr(owner, "__dict__", None) is d:
+        return _holder_label(owner)
+    name = _attr_name(owner, d)
+    if name is None:
+        return None
+    if owner.__class__ is dict:
+        outer = _dict_label(owner, parent, depth + 1)
+        return f"{outer or 'dict'}.{name}"
+    return f"{_holder_label(owner)}.{name}"
+
+
 def _holder_label(parent: Any) -> str:
     own = _own_label(parent)
     if own is not None:
@@ -185,18 +202,16 @@ class Census:
                 if p is None:
                     label = f"{type(o).__name__} (held by older objects)"
                 else:
-                    holder = p
                     attr = _attr_name(p, o)
-                    if p.__class__ is dict and attr is not None:  # an instance __dict__?
-                        owner = parent.get(id(p))
-                        if owner is not None and getattr(owner, "__dict__", None) is p:
-                            holder = owner
+                    holder_label = _dict_label(p, parent) if p.__class__ is dict else None
+                    if holder_label is None:
+                        holder_label = _holder_label(p)
                     if attr == "__dict__":
-                        label = f"{_holder_label(holder)}.__dict__"
+                        label = f"{holder_label}.__dict__"
                     else:
-                        label = f"{type(o).__name__} in {_holder_label(holder)}" + (
-                            f".{attr}" if attr else ""
-                        )
+                        label = f"{type(o).__name__} in {holder_label}"
+                        if attr:
+                            label += f".{attr}"
             entry = by_label[label]
             entry[0] += 1
             entry[1] += sys.getsizeof(o)
@@ -273,6 +288,45 @@ async def _hold(
     return worker
 
 
+#: Families of labels, for the summary: (family, substrings of a label), first match wins.
+FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("match trie (nodes, child and holder dicts)", ("routing._Node",)),
+    ("Filter (object, levels tuple, text, prefixes)", ("routing.Filter", "routing.Prefix",
+                                                       "SubRef.filter", "SubRef.dialect")),
+    ("SubRef (and its ids)", ("SubRef",)),
+    ("table dicts and pygtrie index", ("SubscriptionTable", "pygtrie", "held by older")),
+    ("trio.Event (with its waiter set)", ("Event",)),
+    ("Session (dict, deques, dicts)", ("Session",)),
+    ("Confirms", ("Confirms",)),
+    ("nurseries and cancel scopes", ("CancelScope", "CancelStatus", "Nursery")),
+    ("trio task machinery (Task, Context, name, wait trap)", (
+        "trio Task", "WaitTaskRescheduled", "wait_task_rescheduled", "_real_async_yield",
+        "cell in", "tuple in function", "Runner.tasks")),
+    ("coroutine frames of the await chains", ("coroutine", "frame ", "generator")),
+    ("socket objects", ("socket", "Socket", "Epoll", "ConflictDetector")),
+    ("protocol objects (wire Connection, FrameBuffer, Requests)", (
+        "broker.Connection", "FrameBuffer", "Requests")),
+    ("ClientConnection, Ending, Opened", ("ClientConnection", "Ending", "Opened")),
+)  # fmt: skip
+
+
+def family(label: str) -> str:
+    for name, keys in FAMILIES:
+        if any(key in label for key in keys):
+            return name
+    return "other"
+
+
+def families(result: dict[str, Any]) -> dict[str, int]:
+    """Bytes by family (``FAMILIES``), census and growth together."""
+    out: dict[str, int] = collections.Counter()
+    for label, (_count, size) in result["labels"].items():
+        out[family(label)] += size
+    for label, size in result["grown"].items():
+        out[family(label)] += size
+    return dict(out)
+
+
 def report_lines(title: str, result: dict[str, Any], per: int, top: int) -> list[str]:
     labels = result["labels"]
     total = sum(size for _count, size in labels.values()) + sum(result["grown"].values())
@@ -281,6 +335,9 @@ def report_lines(title: str, result: dict[str, Any], per: int, top: int) -> list
         + (f", traced {result['traced_bytes'] / per:,.0f} B" if result["traced_bytes"] else "")
         + f", RSS {result['rss_delta_kib'] * 1024 / per:,.0f} B"
     ]
+    for name, size in sorted(families(result).items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {size / per:9,.1f} B  {name}")
+    lines.append("  by label (bytes, objects per item):")
     rows = sorted(labels.items(), key=lambda kv: -kv[1][1])
     shown = 0
     for label, (count, size) in rows[:top]:
@@ -313,9 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"benchmark": "memory_breakdown", "parameters": vars(args)}
     idle = trio.run(_measure, build_plan("idle", {"connections": args.connections}, 0),
                     args.tracemalloc, ctx)  # fmt: skip
+    idle["families"] = families(idle)
     report["idle"] = idle
     plan = build_plan("filters-spread", {"filters": args.filters, "spread": args.spread}, args.seed)
     filters = trio.run(_measure, plan, args.tracemalloc, ctx)
+    filters["families"] = families(filters)
     report["filters"] = filters
     for line in report_lines(f"per idle connection ({args.connections:,})", idle,
                              args.connections, args.top):  # fmt: skip
