@@ -59,16 +59,6 @@ class _Node:
         )
 
 
-def _holder_slots(flt: Filter) -> tuple[str, ...]:
-    """Where a filter's subscribers are held, at the node its levels lead to."""
-    if flt.rest is None:
-        return ("exact",)
-    if flt.rest.min_levels == 1:
-        return ("rest",)
-    assert flt.rest.min_levels == 0
-    return ("exact", "rest")
-
-
 def _holding(holder: Holder | None, subscriber: Hashable) -> bool:
     if holder is None:
         return False
@@ -172,7 +162,7 @@ class MatchTrie:
                     node.prefixes = _add_child(node.prefixes, child)
                     self.nodes += 1
             node = child
-        rest = flt.rest  # _holder_slots, inlined: a broker inserts once per SUB
+        rest = flt.rest  # exact, rest, or both for MQTT '#' (see the module docstring)
         if rest is None or not rest.min_levels:
             holder = node.exact
             if holder is None and subscriber is not None:
@@ -197,8 +187,12 @@ class MatchTrie:
         node: _Node | None = self._root
         for token in flt.levels:
             assert node is not None
-            if token.__class__ is str:
-                child = _child(node.literal, token)  # type: ignore[arg-type]
+            if token.__class__ is str:  # _child, inlined: a broker deletes once per UNSUB
+                children = node.literal
+                if children.__class__ is _Node:
+                    child = children if children.key == token else None  # type: ignore[union-attr]
+                else:
+                    child = children.get(token) if children is not None else None  # type: ignore[union-attr,arg-type]
             elif token is STAR:
                 child = node.star
             else:
@@ -208,12 +202,24 @@ class MatchTrie:
             path.append((node, token))
             node = child
         assert node is not None
-        slots = _holder_slots(flt)
-        if not all(_holding(getattr(node, slot), subscriber) for slot in slots):
-            return False
-        for slot in slots:
-            setattr(node, slot, _release(getattr(node, slot), subscriber))
-        self._prune(path, node)
+        rest = flt.rest
+        if rest is None:
+            holder = node.exact
+            if not _holding(holder, subscriber):
+                return False
+            node.exact = _release(holder, subscriber)  # type: ignore[arg-type]
+        elif rest.min_levels:
+            holder = node.rest
+            if not _holding(holder, subscriber):
+                return False
+            node.rest = _release(holder, subscriber)  # type: ignore[arg-type]
+        else:  # MQTT '#': both slots
+            if not (_holding(node.exact, subscriber) and _holding(node.rest, subscriber)):
+                return False
+            node.exact = _release(node.exact, subscriber)  # type: ignore[arg-type]
+            node.rest = _release(node.rest, subscriber)  # type: ignore[arg-type]
+        if node.exact is None or node.rest is None:  # (else the node is not empty)
+            self._prune(path, node)
         return True
 
     def _prune(self, path: list[tuple[_Node, object]], node: _Node) -> None:
