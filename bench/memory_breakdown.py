@@ -294,7 +294,7 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Filter (object, levels tuple, text, prefixes)", ("routing.Filter", "routing.Prefix",
                                                        "SubRef.filter", "SubRef.dialect")),
     ("SubRef (and its ids)", ("SubRef",)),
-    ("table dicts and pygtrie index", ("SubscriptionTable", "pygtrie", "held by older")),
+    ("table dicts and pygtrie index", ("SubscriptionTable", "pygtrie", "dict (held by older")),
     ("trio.Event (with its waiter set)", ("Event",)),
     ("Session (dict, deques, dicts)", ("Session",)),
     ("Confirms", ("Confirms",)),
@@ -303,6 +303,7 @@ FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "trio Task", "WaitTaskRescheduled", "wait_task_rescheduled", "_real_async_yield",
         "cell in", "tuple in function", "Runner.tasks")),
     ("coroutine frames of the await chains", ("coroutine", "frame ", "generator")),
+    ("registries that grow (connections, sessions, epoll)", ("grown ",)),
     ("socket objects", ("socket", "Socket", "Epoll", "ConflictDetector")),
     ("protocol objects (wire Connection, FrameBuffer, Requests)", (
         "broker.Connection", "FrameBuffer", "Requests")),
