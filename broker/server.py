@@ -25,7 +25,7 @@ from broker.core import Broker
 from broker.http import HttpServer, broker_routes
 from broker.log import get_logger
 from broker.mesh import Peering
-from broker.native import ClientConnection
+from broker.native import ClientConnection, KeepaliveSweeper
 from broker.store import Store
 
 log = get_logger("topiary.server")
@@ -53,6 +53,7 @@ class Server:
         self.stopped = trio.Event()
         self.addresses: list[tuple[str, int]] = []
         self.http: HttpServer | None = None  # the operators' port, when configured
+        self._sweeper = KeepaliveSweeper(broker.connections)
 
     def shutdown(self) -> None:
         self._shutdown.set()
@@ -70,6 +71,7 @@ class Server:
                 self.addresses.append(sock.getsockname()[:2])
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as accepting:
+                accepting.start_soon(self._sweeper.run)
                 for listener in listeners:
                     accepting.start_soon(self._accept_loop, listener, connections)
                 log.info("listening", server_id=broker.server_id, addresses=self.addresses)
@@ -96,7 +98,7 @@ class Server:
                     await trio.sleep(ACCEPT_BACKOFF)
                     continue
                 raise
-            connection = ClientConnection(self.broker, stream, _peer_name(stream))
+            connection = ClientConnection(self.broker, stream, _peer_name(stream), self._sweeper)
             # A name of our own, shared: trio would format one string per task (~100 bytes)
             connections.start_soon(connection.run, name=CONNECTION_TASK)
 

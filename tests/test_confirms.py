@@ -56,7 +56,7 @@ async def confirming(commit: Commit) -> AsyncIterator[tuple[Connection, Session,
     proto, session = open_server(), Session("c1", OutboundLimits(), Counters())
     confirms = Confirms(session, proto)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(confirms.run)
+        confirms.start_in(nursery)
         confirms.after(commit, 1)
         await trio.testing.wait_all_tasks_blocked()
         yield proto, session, confirms
@@ -87,11 +87,11 @@ async def test_a_commit_done_after_the_clients_closing_error_sends_nothing() -> 
 
 async def test_no_task_waits_while_no_confirm_does() -> None:
     """An idle connection keeps no confirms task (it would cost ~2 KiB); one starts, in the
-    nursery ``run`` ran in, while confirms wait for commits, and ends once they are sent."""
+    nursery ``start_in`` was given, while confirms wait for commits, and ends once they are sent."""
     proto, session = open_server(), Session("c1", OutboundLimits(), Counters())
     confirms = Confirms(session, proto)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(confirms.run)
+        confirms.start_in(nursery)
         await trio.testing.wait_all_tasks_blocked()
         assert nursery.child_tasks == frozenset()
         confirms.now(1)  # no commit to wait for: at once, no task

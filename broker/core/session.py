@@ -120,6 +120,50 @@ class Session:
 
     shared: ClassVar[bool] = False  # True for a shared group's session
 
+    # Slots, and what only some sessions need made when first needed: an idle connection
+    # costs its session a few hundred bytes, not kilobytes (docs/benchmarks.md, Memory).
+    __slots__ = (
+        "__weakref__",
+        "_committed",
+        "_control",
+        "_control_bytes",
+        "_discards",
+        "_drained",
+        "_drop_log_due",
+        "_drops_in_a_row",
+        "_drops_logged",
+        "_next_sub_id",
+        "_outbox",
+        "_queued_bytes",
+        "_queued_messages",
+        "_untold_drops",
+        "_writer",
+        "accepting",
+        "acked",
+        "backlog",
+        "backlog_bytes",
+        "backlog_messages",
+        "client_id",
+        "committed_upto",
+        "connection",
+        "counters",
+        "deferred",
+        "delivered",
+        "dropped",
+        "durable",
+        "failure",
+        "last_ack",
+        "limits",
+        "on_failure",
+        "quota_dropped",
+        "ready",
+        "refs",
+        "sampled",
+        "sent_upto",
+        "seq",
+        "subs",
+    )
+
     def __init__(
         self,
         client_id: str,
@@ -142,11 +186,11 @@ class Session:
         # A resumed durable session sends nothing but replies until the client's first
         # request has been answered, so the client can subscribe before its backlog comes.
         self.ready = True
-        self._committed = trio.Event()
+        self._committed: trio.Event | None = None  # made by the first wait_committed
         # durable only: pending (unacked, not trimmed) messages as (last seq, bytes, count,
         # trio time routed); one entry per message, except one entry for a backlog restored
-        # from the store, stamped with the time of the restore
-        self.backlog: deque[tuple[int, int, int, float]] = deque()
+        # from the store, stamped with the time of the restore (made by the first track)
+        self.backlog: deque[tuple[int, int, int, float]] | None = None
         self.backlog_messages = 0
         self.backlog_bytes = 0
         self.quota_dropped = 0
@@ -171,20 +215,28 @@ class Session:
         self._discards: dict[int, int] | None = None
         self._drop_log_due = 0.0
         self._drops_logged = 0
-        # The priority lane: encoded replies that go before any queued message.
-        self._control: deque[bytes] = deque()
+        # The priority lane: encoded replies that go before any queued message. Lists, not
+        # deques (56 bytes empty against 760): take_batch consumes a batch from the front
+        # with one slice deletion.
+        self._control: list[bytes] = []
         # The data lane: (message, sub id, seq) to encode, and replies that must keep
         # their place behind the messages (encoded, bytes).
-        self._outbox: deque[bytes | tuple[Message, int, int]] = deque()
+        self._outbox: list[bytes | tuple[Message, int, int]] = []
         self._queued_messages = 0
         self._queued_bytes = 0
         self._control_bytes = 0
-        self._has_data = trio.Event()
-        self._drained = trio.Event()
-        self._drained.set()
+        # The writer task parked in wait_data, woken (rescheduled) when there is something
+        # to send: lighter than a trio.Event per session, which would also need a waiter
+        # set and a coroutine of its own.
+        self._writer: trio.lowlevel.Task | None = None
+        # Set while the client's replies fit the queue; None stands for a set one (made
+        # when they first do not fit).
+        self._drained: trio.Event | None = None
         self.accepting = True  # False once the connection is closing: nothing after its ERROR
         self.failure: RemoteProtocolError | None = None
-        self.failed = trio.Event()
+        # What the front end's connection does when the session fails (``fail``): set by
+        # the connection that reads the session.
+        self.on_failure: Callable[[RemoteProtocolError], None] | None = None
 
     # -- subscriptions -------------------------------------------------------------------
 
@@ -256,7 +308,7 @@ class Session:
                 self._queued_bytes += message.size
             else:
                 self.deferred += 1
-            self._has_data.set()
+            self.wake()
             return True
         if not self.accepting:
             self.dropped += 1
@@ -284,7 +336,7 @@ class Session:
             self._untold_drops = 0
         outbox = self._outbox
         if not outbox:  # else the writer finds this entry when it looks at the queue again
-            self._has_data.set()
+            self.wake()
         outbox.append((message, sub_id, self.seq))
         self._queued_messages += 1
         self._queued_bytes += message.size
@@ -316,7 +368,7 @@ class Session:
         self._outbox.append((message, sub_id, seq))
         self._queued_messages += 1
         self._queued_bytes += message.size
-        self._has_data.set()
+        self.wake()
 
     def send_control(self, data: bytes, *, ordered: bool = False) -> None:
         """Queue an encoded control frame; never dropped. It goes ahead of the queued
@@ -326,15 +378,16 @@ class Session:
         else:
             self._control.append(data)
         self._control_bytes += len(data)
-        if self._control_bytes > self.limits.bytes:
+        if self._control_bytes > self.limits.bytes and self._drained is None:
             self._drained = trio.Event()
-        self._has_data.set()
+        self.wake()
 
     def fail(self, code: ErrorCode, text: str) -> None:
         """Ask the connection to close with ERROR(code, text)."""
         if self.failure is None:
             self.failure = RemoteProtocolError(code, text)
-            self.failed.set()
+            if self.on_failure is not None:
+                self.on_failure(self.failure)
 
     # -- durable sessions ----------------------------------------------------------------
 
@@ -343,8 +396,8 @@ class Session:
         self.connection = connection
         self.accepting = True
         self.failure = None
-        self.failed = trio.Event()
-        self._outbox = deque(e for e in self._outbox if e.__class__ is bytes)
+        self.on_failure = None
+        self._outbox = [e for e in self._outbox if e.__class__ is bytes]
         self._queued_messages = 0
         self._queued_bytes = 0
         self._control_bytes = sum(len(e) for e in self._outbox) + sum(  # type: ignore[arg-type]
@@ -356,6 +409,7 @@ class Session:
     def detach(self, connection: Holder) -> None:
         if self.connection is connection:
             self.connection = None
+            self.on_failure = None
             self.sampled.clear()
             self._control.clear()
             self._outbox.clear()
@@ -365,6 +419,8 @@ class Session:
 
     def track(self, seq: int, size: int, at: float, count: int = 1) -> None:
         """``count`` messages through ``seq`` are pending since trio time ``at``."""
+        if self.backlog is None:
+            self.backlog = deque()
         self.backlog.append((seq, size, count, at))
         self.backlog_messages += count
         self.backlog_bytes += size
@@ -379,12 +435,12 @@ class Session:
         """Trio time the oldest pending message was routed (for a backlog restored from the
         store: the time of the restore, as the store keeps no routing time); None if none."""
         backlog = self.backlog
-        return backlog[0][3] if backlog else None
+        return backlog[0][3] if backlog else None  # (None until the first track)
 
     def release_through(self, seq: int) -> None:
         """Messages up to ``seq`` were acked or trimmed: they no longer count."""
         backlog = self.backlog
-        while backlog and backlog[0][0] <= seq:
+        while backlog and backlog[0][0] <= seq:  # (None until the first track)
             _seq, size, count, _at = backlog.popleft()
             self.backlog_messages -= count
             self.backlog_bytes -= size
@@ -396,7 +452,7 @@ class Session:
     def trim_to(self, max_messages: int, max_bytes: int) -> tuple[int, int]:
         """Drop the oldest until within quota: (last seq dropped, how many), or (0, 0)."""
         through = dropped = 0
-        while self.backlog and (
+        while self.backlog and (  # (None until the first track)
             self.backlog_messages > max_messages or self.backlog_bytes > max_bytes
         ):
             seq, size, count, _at = self.backlog.popleft()
@@ -409,7 +465,8 @@ class Session:
     def mark_committed(self, seq: int) -> None:
         if seq > self.committed_upto:
             self.committed_upto = seq
-            self._committed.set()
+            if self._committed is not None:
+                self._committed.set()
 
     def needs_fill(self) -> bool:
         """Is the next message to send missing from the queue (so it is in the store)?"""
@@ -431,17 +488,20 @@ class Session:
 
     async def wait_committed(self, seq: int) -> None:
         while self.committed_upto < seq:
-            self._committed = trio.Event()
+            self._committed = trio.Event()  # (mark_committed sets it)
             await self._committed.wait()
 
     def wake(self) -> None:
-        """Wake the writer (to notice it should close)."""
-        self._has_data.set()
+        """Wake the writer: there is something to send (or it should notice the close)."""
+        writer = self._writer
+        if writer is not None:
+            self._writer = None
+            trio.lowlevel.reschedule(writer)
 
     def discard_messages(self) -> int:
         """Drop every queued MSG (a connection being closed); keep control frames. A
         transient session counts them as dropped; a durable one still has them stored."""
-        kept = deque(entry for entry in self._outbox if entry.__class__ is bytes)
+        kept = [entry for entry in self._outbox if entry.__class__ is bytes]
         discarded = len(self._outbox) - len(kept)
         self._outbox = kept
         self._discards = None
@@ -458,13 +518,20 @@ class Session:
         return len(self._control) + len(self._outbox)
 
     async def wait_data(self) -> None:
-        if not self._outbox and not self._control:
-            self._has_data = trio.Event()
-            await self._has_data.wait()
+        """Return once something is queued (at once if it is); one writer at a time."""
+        if self._outbox or self._control:
+            return
+        self._writer = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+
+    def _abort_wait(self, _raise_cancel: object) -> trio.lowlevel.Abort:
+        self._writer = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     async def wait_control_drained(self) -> None:
         """Wait until the client's own replies fit in the queue again."""
-        await self._drained.wait()
+        if self._drained is not None:
+            await self._drained.wait()
 
     def take_batch(
         self,
@@ -490,10 +557,12 @@ class Session:
             control.clear()
         outbox = self._outbox
         durable = self.durable
-        while outbox and size < max_bytes:
-            entry = outbox[0]
+        end = len(outbox)
+        i = 0  # entries taken from the front of the outbox (deleted at once, below)
+        while i < end and size < max_bytes:
+            entry = outbox[i]
             if entry.__class__ is bytes:
-                outbox.popleft()
+                i += 1
                 parts.append(entry)  # type: ignore[arg-type]
                 control_bytes += len(entry)  # type: ignore[arg-type]
                 size += len(entry)  # type: ignore[arg-type]
@@ -502,7 +571,7 @@ class Session:
             if durable:
                 if seq > self.sent_upto + 1 or not self.ready:
                     break  # a gap: the writer fills it from the store first
-                outbox.popleft()
+                i += 1
                 messages += 1
                 payload_bytes += message.size
                 if seq <= self.sent_upto:
@@ -510,7 +579,7 @@ class Session:
                     continue  # already sent by a fill
                 self.sent_upto = seq
             else:
-                outbox.popleft()
+                i += 1
                 messages += 1
                 payload_bytes += message.size
                 discards = self._discards
@@ -526,12 +595,17 @@ class Session:
             if message.routed_at:  # one message in Broker.latency_sample_every
                 self.sampled.append(message.routed_at)
             size += append_msg(parts, message, sub_id, seq)
+        if i == end:
+            outbox.clear()
+        elif i:
+            del outbox[:i]
         self.delivered += messages - skipped
         self._queued_messages -= messages
         self._queued_bytes -= payload_bytes
         self._control_bytes -= control_bytes
         if parts:
             self._drops_in_a_row = 0
-        if self._control_bytes <= self.limits.bytes:
+        if self._drained is not None and self._control_bytes <= self.limits.bytes:
             self._drained.set()
+            self._drained = None
         return b"".join(parts), messages

@@ -1,5 +1,7 @@
-"""The trio shell for native-protocol clients: one ``ClientConnection`` per socket."""
+"""The trio shell for native-protocol clients: one ``ClientConnection`` per socket, and
+the one task that keeps them all alive (``KeepaliveSweeper``)."""
 
 from broker.native.connection import ClientConnection
+from broker.native.keepalive import KeepaliveSweeper
 
-__all__ = ["ClientConnection"]
+__all__ = ["ClientConnection", "KeepaliveSweeper"]

@@ -23,7 +23,7 @@ from broker.wire.frames import Error, PubAck
 
 
 class Confirms:
-    """The PUBACKs one session still owes, in order; see ``run``.
+    """The PUBACKs one session still owes, in order; see ``start_in``.
 
     Most connections never owe a PUBACK that waits for a commit (transient sessions, a
     broker without a store), so nothing is kept for that until it happens: the queue is
@@ -59,14 +59,13 @@ class Confirms:
         elif self.proto.may_send(PubAck):  # else the connection is closing: nobody to tell
             self.session.send_control(self.proto.send_puback(request_id))
 
-    async def run(self) -> None:
-        """Answer confirms from the nursery this runs in (the connection's), for as long as
-        it is open: this task answers those already waiting, then ends; a confirm that has
-        to wait later starts one in the same nursery, which ends once none waits."""
-        self._nursery = trio.lowlevel.current_task().parent_nursery
+    def start_in(self, nursery: trio.Nursery) -> None:
+        """Answer confirms from ``nursery`` (the connection's) for as long as it is open: a
+        confirm that has to wait starts a task there, which ends once none waits."""
+        self._nursery = nursery
         if self._waiting and not self._draining:
             self._draining = True
-            await self._drain()
+            nursery.start_soon(self._drain)
 
     async def _drain(self) -> None:
         """Send PUBACKs (or ERROR INTERNAL for a PUB the store failed) as commits complete,

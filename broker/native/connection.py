@@ -1,15 +1,18 @@
 """One client connection: the trio shell around ``broker.wire.connection.Connection``.
 
-Three tasks share a nursery owned by ``ClientConnection.run`` once the handshake
+Two tasks share a nursery owned by ``ClientConnection.run`` once the handshake
 (``broker.native.handshake``) has opened a session:
 
 - the reader (run inline) reads as many bytes as are available, has ``Requests``
   handle every whole frame in them, and only then reads again: many frames per syscall;
 - the writer drains the session's queue, many frames per ``send_all``, replies first;
-- the keepalive pings a client that has neither sent anything nor read what we wrote for
-  an interval, and closes it after 1.5x the interval;
 
-plus ``Confirms.run`` (PUBACKs in order) and a watch on the session failing.
+plus, only while a PUBACK waits for a store commit, ``Confirms``' drain task. The
+keepalive is no task of its own: the server's ``KeepaliveSweeper`` calls each
+connection's ``check_keepalive``, which pings a client that has neither sent anything nor
+read what we wrote for an interval, and closes it after 1.5x the interval. A failing
+session calls back (``Session.on_failure``). Tasks cost memory (a connection is a few
+kilobytes; docs/benchmarks.md, Memory), so there are no more of them than that.
 
 The connection ends for one reason (``broker.native.ending``), which decides what the
 client is told: EOF (nothing), a protocol error or a failed session (ERROR with the code,
@@ -24,6 +27,7 @@ errors one client can cause are caught here; anything else is a bug and propagat
 from __future__ import annotations
 
 import math
+import os
 from typing import ClassVar
 
 import trio
@@ -35,6 +39,7 @@ from broker.mesh import Peering
 from broker.native.confirms import Confirms
 from broker.native.ending import Ending
 from broker.native.handshake import handshake
+from broker.native.keepalive import KeepaliveSweeper
 from broker.native.requests import Requests
 from broker.net import RECEIVE_SIZE, linger
 from broker.wire.codec import append_msg, encode_msg
@@ -44,6 +49,7 @@ from broker.wire.states import CLOSED, CLOSING
 
 ERROR_FLUSH_SECONDS = 1.0
 FILL_PAGE = 2000  # messages fetched from the store per gap-fill read
+WRITER_TASK = "topiary.connection.writer"  # one name for all (trio would format one each)
 PROGRESS_BYTES = 64 * 1024  # a write of messages counts as the client's life in steps of this
 BATCH_BYTES = 256 * 1024  # about this much is encoded per write
 
@@ -55,6 +61,16 @@ def _append_discarded(
 ) -> int:
     """A MSG that also says how many messages were dropped just before it."""
     return append_msg(parts, message, sub, seq, discarded=discarded)
+
+
+def _read_now(fd: int) -> bytes | None:
+    """What socket ``fd`` has now: None if nothing yet, b"" at EOF or when it broke."""
+    try:
+        return os.read(fd, RECEIVE_SIZE)
+    except BlockingIOError:
+        return None
+    except OSError:  # reset, or closed under us
+        return b""
 
 
 class ClientConnection:
@@ -69,8 +85,15 @@ class ClientConnection:
 
     frontend: ClassVar[str] = "native"  # the label of its connections in /metrics
 
-    def __init__(self, broker: Broker, stream: trio.abc.Stream, peer: str = "?") -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        stream: trio.abc.Stream,
+        peer: str = "?",
+        sweeper: KeepaliveSweeper | None = None,
+    ) -> None:
         self.broker = broker
+        self.sweeper = sweeper
         self.stream = stream
         self.peer = peer
         self.proto = Connection(Role.SERVER, max_frame=broker.config.max_frame)
@@ -79,8 +102,13 @@ class ClientConnection:
         self.last_heard = 0.0
         self.ending = Ending()
         self._reader_scope = trio.CancelScope()
-        self._handshake_scope = trio.CancelScope()
-        self._writer_done = trio.Event()
+        self._handshake_scope: trio.CancelScope | None = trio.CancelScope()
+        self._writer_done: trio.Event | None = None  # made when _finish waits for it
+        self._writer_running = False
+        self._ping_sent = False
+        # A socket's descriptor, read directly (``_reader``); None for other streams
+        socket = getattr(stream, "socket", None)
+        self._fd: int | None = socket.fileno() if isinstance(stream, trio.SocketStream) else None  # type: ignore[union-attr]
         self._last_word: Error | None = None  # the closing ERROR, written by the writer
         self._flush_first = False  # True at shutdown: the queue goes out before the ERROR
         self.last_sent = 0.0  # trio time a write of MSGs last completed: the client reads
@@ -94,8 +122,9 @@ class ClientConnection:
         self.last_heard = trio.current_time()
         try:
             opened = None
-            with self._handshake_scope:
+            with self._handshake_scope:  # type: ignore[union-attr]
                 opened = await handshake(broker, self.stream, self.proto, self, self.peer)
+            self._handshake_scope = None
             if isinstance(opened, PeerHello):  # a broker or an observer: peering takes over
                 if not self.ending.shutdown:
                     peering = broker.peering
@@ -141,17 +170,22 @@ class ClientConnection:
         (A peer link served on this connection is closed by ``Peering.shutdown``.)
         """
         self.ending.shut_down()
-        self._handshake_scope.cancel()
+        if self._handshake_scope is not None:
+            self._handshake_scope.cancel()
         self._reader_scope.cancel()
 
     async def _serve_session(
         self, session: Session, requests: Requests, confirms: Confirms
     ) -> None:
+        if self.sweeper is not None:
+            self.sweeper.hurry(self.keepalive)
+        session.on_failure = self._session_failed
+        if session.failure is not None:
+            self._session_failed(session.failure)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._writer, session)
-            nursery.start_soon(confirms.run)
-            nursery.start_soon(self._keepalive_loop, session)
-            nursery.start_soon(self._watch_session, session)
+            self._writer_running = True
+            nursery.start_soon(self._writer, session, name=WRITER_TASK)
+            confirms.start_in(nursery)
             reason: RemoteProtocolError | None = None
             with self._reader_scope:  # cancelled by begin_shutdown() or _stop()
                 reason = await self._reader(session, requests)
@@ -188,8 +222,10 @@ class ClientConnection:
                 code=str(reason.code),
                 reason=reason.text,
             )
-        with trio.move_on_after(timeout):
-            await self._writer_done.wait()
+        if self._writer_running:
+            self._writer_done = trio.Event()
+            with trio.move_on_after(timeout):
+                await self._writer_done.wait()
         if ending.lingers:
             await linger(self.stream)
 
@@ -218,8 +254,26 @@ class ClientConnection:
             stop = await handle(proto.next_events(turn_frames))  # the frames of the last read
             if stop is NEED_DATA:
                 await session.wait_control_drained()
-                proto.receive_data(await self._receive())  # (a read yields: a new turn)
-                turn_began = clock()
+                fd = self._fd
+                if fd is None:
+                    data = await self._receive_stream()
+                else:
+                    # A socket is read with os.read and waited for here, not through
+                    # SocketStream.receive_some, whose five nested coroutines would stay alive
+                    # in every idle connection (about 1 KiB each). A read is a checkpoint.
+                    data = _read_now(fd)
+                    if data is None:
+                        while data is None:
+                            try:
+                                await trio.lowlevel.wait_readable(fd)
+                            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                                data = b""
+                            else:
+                                data = _read_now(fd)
+                    else:
+                        await trio.lowlevel.checkpoint()
+                self.last_heard = turn_began = clock()  # (a read yields: a new turn)
+                proto.receive_data(data)
             elif isinstance(stop, ConnectionClosed):
                 return None
             elif stop is not None:
@@ -231,15 +285,12 @@ class ClientConnection:
                 await trio.lowlevel.checkpoint()
                 turn_began = clock()
 
-    async def _receive(self, size: int = RECEIVE_SIZE) -> bytes:
-        """Read what is there (b"" at EOF or when the socket broke), noting that the client
-        was heard."""
+    async def _receive_stream(self) -> bytes:
+        """Read what a stream that is not a plain socket has (b"" at EOF or when broken)."""
         try:
-            data = await self.stream.receive_some(size)
+            return await self.stream.receive_some(RECEIVE_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
-        self.last_heard = trio.current_time()
-        return data
+            return b""
 
     # -- writing -------------------------------------------------------------------------
 
@@ -264,6 +315,7 @@ class ClientConnection:
                 data, messages = session.take_batch(append_msg, BATCH_BYTES, _append_discarded)
                 await self._send(data, messages)
                 counters.bytes_sent += len(data)
+                data = b""  # not kept alive while the writer waits
                 if session.sampled:  # sampled messages were in it: the MSGs are sent now
                     self._observe_latency(session.sampled)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -271,7 +323,9 @@ class ClientConnection:
             self.proto.send_failed()
             self._stop(None)
         finally:
-            self._writer_done.set()
+            self._writer_running = False
+            if self._writer_done is not None:
+                self._writer_done.set()
 
     async def _send(self, data: bytes, messages: int) -> None:
         """Write ``data``; while it carries messages, each ``PROGRESS_BYTES`` the socket takes
@@ -330,33 +384,35 @@ class ClientConnection:
 
     # -- keepalive and the session's health ----------------------------------------------
 
-    async def _keepalive_loop(self, session: Session) -> None:
+    def check_keepalive(self, now: float) -> None:
+        """The sweeper's call, a few times per interval: ping a client that neither sent
+        anything nor read its messages for an interval; close it after 1.5 intervals."""
+        session = self.session
+        if session is None or self.ending.telling:
+            return
         interval = self.keepalive
-        ping_sent = False
-        while True:
-            await trio.sleep(max(interval / 4, 0.05))
-            # Life is what the client proves: bytes from it (a PONG to our PING among them),
-            # or our writes of messages completing, which a full socket allows only as it
-            # reads (so a slow reader whose PONG waits behind what it is still reading lives).
-            idle = trio.current_time() - max(self.last_heard, self.last_sent)
-            if idle >= interval * 1.5:
-                self.broker.counters.idle_disconnects += 1
-                self._stop(
-                    RemoteProtocolError(
-                        ErrorCode.IDLE_TIMEOUT,
-                        f"nothing heard or read for {math.floor(idle * 10) / 10} s "
-                        f"(keepalive {interval} s)",
-                    )
+        # Life is what the client proves: bytes from it (a PONG to our PING among them),
+        # or our writes of messages completing, which a full socket allows only as it
+        # reads (so a slow reader whose PONG waits behind what it is still reading lives).
+        idle = now - max(self.last_heard, self.last_sent)
+        if idle >= interval * 1.5:
+            self.broker.counters.idle_disconnects += 1
+            self._stop(
+                RemoteProtocolError(
+                    ErrorCode.IDLE_TIMEOUT,
+                    f"nothing heard or read for {math.floor(idle * 10) / 10} s "
+                    f"(keepalive {interval} s)",
                 )
-                return
-            if idle >= interval and not ping_sent and not self.ending.telling:
+            )
+        elif idle >= interval:
+            if not self._ping_sent:
                 session.send_control(self.proto.send(Ping(id=0)))
-                ping_sent = True
-            elif idle < interval:
-                ping_sent = False
+                self._ping_sent = True
+        else:
+            self._ping_sent = False
 
-    async def _watch_session(self, session: Session) -> None:
-        await session.failed.wait()
-        if session.failure is not None and session.failure.code == ErrorCode.SLOW_CONSUMER:
+    def _session_failed(self, failure: RemoteProtocolError) -> None:
+        """The session asks to be closed (``Session.fail``: a slow consumer, say)."""
+        if failure.code == ErrorCode.SLOW_CONSUMER:
             self.broker.counters.slow_consumer_disconnects += 1
-        self._stop(session.failure)
+        self._stop(failure)
