@@ -334,8 +334,8 @@ def test_portable_workload_filters_mean_the_same_in_all_three_protocols() -> Non
 def test_expectation_counts_copies_per_connection_or_per_subscription() -> None:
     connections = [["a/>", "a/b", "c/*"], ["x/y"]]
     topics = ["a/b", "c/d", "x/y", "q/r"]
-    per_conn = Expectation(connections, topics, "connection")
-    per_sub = Expectation(connections, topics, "subscription")
+    built = Expectation.build(connections, topics, ["connection", "subscription"])
+    per_conn, per_sub = built["connection"], built["subscription"]
     assert per_conn.per_position == [[1, 1, 0, 0], [0, 0, 1, 0]]
     assert per_sub.per_position == [[2, 1, 0, 0], [0, 0, 1, 0]]
     # 6 messages: topics a/b c/d x/y q/r a/b c/d.

@@ -5,17 +5,21 @@ What bench/storm.py and bench/sidebyside.py share. Every party is a worker proce
 of bench/harness/clients differing:
 
 - ``subscriber_main``: some subscriber connections (trio tasks of one process), each
-  holding its filters plus ``CONTROL_TOPIC``; on ``("count", timeout, latency)`` each reads
-  until the first marker on the control topic and records, per message, the publisher's
-  index (and, with ``latency``, the publisher's timestamp and the time the read returned).
+  holding its filters plus ``CONTROL_TOPIC``; on ``("count", phase, timeout, latency)``
+  each reads until the first marker of ``phase`` on the control topic and records, per
+  message, its index (and, with ``latency``, the publisher's timestamp and the time the
+  read that brought it returned), and the time of the read that brought the last one.
 - ``publisher_main``: one connection publishing ``workload.topics(n, seed)`` in order
-  (message ``i`` has topic ``topics[i % n]``), either paced (``("paced", rate, seconds,
-  count)``: an absolute schedule, message ``i`` due at ``start + i / rate``, every message
-  due at a wake-up written in one batch) or as fast as it can (``("flood", count)``), then a
-  PING round trip (the broker has read everything), then the marker ``done:k`` on the
-  control topic every 100 ms until told ``("enough",)``: a marker can be lost where a broker
-  drops, and the brokers keep each publisher's order, so a subscriber that has a marker has
-  every earlier message that was not dropped.
+  (message ``i`` has topic ``topics[i % n]`` and index ``offset + i``), either paced
+  (``("paced", phase, offset, rate, seconds, count)``: an absolute schedule, message ``i``
+  due at ``start + i / rate``, every message due at a wake-up written in one batch; until
+  ``count``, ``seconds`` or ``("halt",)``) or as fast as it can (``("flood", phase, offset,
+  count)``); then a PING round trip (the broker has read everything), ``("published",
+  info)``, and the marker ``done:PHASE:k`` on the control topic every 100 ms until told
+  ``("enough",)``: a marker can be lost where a broker drops, and the brokers keep each
+  publisher's order, so a subscriber that has a marker has every earlier message that was
+  not dropped. Markers name their phase, so a late one is never taken for the next phase's;
+  indices are offset per phase, so a late message is counted as unexpected, not as owed.
 
 Payloads: bytes 0-7 are ``time.monotonic_ns()`` when the batch holding the message was
 built (CLOCK_MONOTONIC is system-wide on Linux, so it compares across processes), bytes
@@ -128,27 +132,42 @@ def payload_sizes(count: int, seed: int, low: int, high: int) -> list[int]:
 class Expectation:
     """How many copies of each published message each connection is owed."""
 
-    def __init__(self, connections: list[list[str]], topics: list[str], delivery: str) -> None:
-        if delivery not in ("connection", "subscription"):
-            raise ValueError(f"unknown delivery {delivery!r}")
-        self.topics = topics
+    def __init__(self, per_position: list[list[int]], delivery: str) -> None:
+        #: Per connection, the copies owed for each position of the publisher's topic list.
+        self.per_position = per_position
         self.delivery = delivery
+        self.connections = len(per_position)
+
+    @classmethod
+    def build(
+        cls, connections: list[list[str]], topics: list[str], deliveries: Sequence[str]
+    ) -> dict[str, Expectation]:
+        """One Expectation per delivery kind in ``deliveries`` ("connection": one copy if
+        any filter of the connection matches; "subscription": one per matching filter),
+        from one matching pass over the distinct topics."""
+        unknown = set(deliveries) - {"connection", "subscription"}
+        if unknown:
+            raise ValueError(f"unknown delivery {sorted(unknown)}")
         table = SubscriptionTable(cache_size=0)
         for conn, filters in enumerate(connections):
             for index, text in enumerate(filters):
                 table.add(text, (conn, index))
         n = len(connections)
-        owed: dict[str, tuple[int, ...]] = {}
+        per_filter: dict[str, list[int]] = {}
         for topic in set(topics):
             counts = [0] * n
             for conn, _ in table.match_uncached(topic):
                 counts[conn] += 1
+            per_filter[topic] = counts
+        out = {}
+        for delivery in deliveries:
             if delivery == "connection":
-                counts = [min(c, 1) for c in counts]
-            owed[topic] = tuple(counts)
-        # Per connection: copies owed for each position of the topic list.
-        self.per_position = [[owed[t][conn] for t in topics] for conn in range(n)]
-        self.connections = n
+                owed = {t: [min(c, 1) for c in counts] for t, counts in per_filter.items()}
+            else:
+                owed = per_filter
+            rows = [[owed[t][conn] for t in topics] for conn in range(n)]
+            out[delivery] = cls(rows, delivery)
+        return out
 
     def expected(self, conn: int, sent: int) -> int:
         """Copies owed to ``conn`` for messages ``0 .. sent - 1``."""
@@ -215,6 +234,7 @@ class Reader:
         self.indices = array("q")
         self.sent_ns = array("q")
         self.read_ns = array("q")
+        self.last_ns: int | None = None  # the read that brought the last message
         self.marker_ns: int | None = None
         self.marker: bytes | None = None
         self.late = 0  # after the marker, in the same read
@@ -228,6 +248,7 @@ class Reader:
             "indices": self.indices.tobytes(),
             "sent_ns": self.sent_ns.tobytes(),
             "read_ns": self.read_ns.tobytes(),
+            "last_ns": self.last_ns,
             "marker_ns": self.marker_ns,
             "marker": self.marker.decode(errors="replace") if self.marker else None,
             "late": self.late,
@@ -260,6 +281,7 @@ async def read_until_marker(client: LeanClient, reader: Reader, phase: str, late
                     reader.malformed += 1
                     continue
                 add_index(from_bytes(payload[8:16], "big"))
+                reader.last_ns = now
                 if latency:
                     add_sent(from_bytes(payload[:8], "big"))
                     add_read(now)
@@ -342,7 +364,8 @@ class Publisher:
     ) -> dict[str, Any]:
         """Message ``i`` due at ``start + i / rate``: at each wake-up every message due is
         built and written in one batch (at most MAX_BATCH). Until ``count`` messages,
-        ``seconds`` or a ``("halt",)`` on the pipe; its index is ``offset + i``."""
+        ``seconds`` or a ``("halt",)`` on the pipe (left there for the caller to read);
+        its index is ``offset + i``."""
         client = self.client
         clock = time.monotonic_ns
         start = trio.current_time() + start_delay
@@ -420,6 +443,48 @@ class Publisher:
         }
 
 
+async def _publish_on_command(
+    pipe: Pipe, client: LeanClient, publisher: Publisher, control: str
+) -> bool:
+    """One command of the publisher worker; False once told to stop. A ``("halt",)`` or
+    ``("enough",)`` that comes after the run it was meant for had ended is dropped."""
+    command = await trio.to_thread.run_sync(pipe.recv)
+    if command[0] == "stop":
+        return False
+    if command[0] in ("halt", "enough"):
+        return True
+    kind, phase, *args = command
+    cpu = time.process_time()
+    if kind == "paced":
+        info = await publisher.paced(pipe, *args)
+        if info["stopped_by"] == "told" and pipe.recv()[0] == "stop":  # else the "halt"
+            return False
+    else:
+        info = await publisher.flood(*args)
+    info["ping_seconds"] = await client.ping()  # the broker has read it all
+    info["barrier_ns"] = time.monotonic_ns()
+    info["cpu_seconds"] = time.process_time() - cpu
+    info["stray_messages"] = client.stray_messages
+    pipe.send(("published", info))
+    # The marker, again and again until every subscriber has one (told by "enough").
+    marker = marker_prefix(phase)
+    resent = 0
+    give_up = trio.current_time() + DONE_RESEND_LIMIT
+    while True:
+        if trio.current_time() < give_up:
+            client.publish(control, marker + str(resent).encode())
+            await client.flush()
+            resent += 1
+        if await trio.to_thread.run_sync(pipe.poll, DONE_RESEND_SECONDS):
+            answer = pipe.recv()[0]
+            if answer == "stop":
+                return False
+            if answer == "enough":
+                break
+    pipe.send(("stopped", {"markers": resent}))
+    return True
+
+
 async def publisher_main(
     pipe: Pipe,
     protocol: str,
@@ -440,38 +505,8 @@ async def publisher_main(
             publisher = Publisher(client, topics, publisher_sizes)
             control = client.wire_topic(CONTROL_TOPIC)
             pipe.send(("ready", {"pid": os.getpid(), "topics": len(topics)}))
-            while True:
-                command = await trio.to_thread.run_sync(pipe.recv)
-                if command[0] == "stop":
-                    break
-                kind, phase, *args = command
-                cpu = time.process_time()
-                if kind == "paced":
-                    info = await publisher.paced(pipe, *args)
-                    if info["stopped_by"] != "told":
-                        await trio.to_thread.run_sync(pipe.recv)  # wait for the "halt"
-                    else:
-                        pipe.recv()  # the "halt" that ended it
-                else:
-                    info = await publisher.flood(*args)
-                info["ping_seconds"] = await client.ping()  # the broker has read it all
-                info["barrier_ns"] = time.monotonic_ns()
-                info["cpu_seconds"] = time.process_time() - cpu
-                info["stray_messages"] = client.stray_messages
-                pipe.send(("published", info))
-                # The marker, again and again until every subscriber has one.
-                marker = marker_prefix(phase)
-                resent = 0
-                give_up = trio.current_time() + DONE_RESEND_LIMIT
-                while True:
-                    client.publish(control, marker + str(resent).encode())
-                    await client.flush()
-                    resent += 1
-                    enough = await trio.to_thread.run_sync(pipe.poll, DONE_RESEND_SECONDS)
-                    if enough or trio.current_time() > give_up:
-                        break
-                pipe.recv()  # "enough"
-                pipe.send(("stopped", {"markers": resent}))
+            while await _publish_on_command(pipe, client, publisher, control):
+                pass
             nursery.cancel_scope.cancel()
     finally:
         await client.aclose()
