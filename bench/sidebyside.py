@@ -78,6 +78,7 @@ from bench.harness import BenchError  # noqa: E402
 from bench.harness import brokers as peers  # noqa: E402
 from bench.harness.crossload import (  # noqa: E402
     Expectation,
+    brief,
     latency_summary,
     portable_subscriptions,
     publisher_main,
@@ -404,7 +405,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                 lines.append(f"{label} not installed ({peers.INSTALL_HINT})")
                 continue
             if "throughput" not in r:
-                lines.append(f"{label} failed: {r.get('error', '?').splitlines()[0][:100]}")
+                lines.append(f"{label} failed: {brief(r.get('error', '?'), 100)}")
                 continue
             a = r["throughput"]
             b = r.get("latency") or {}
@@ -482,7 +483,7 @@ def notes(report: dict[str, Any]) -> list[str]:
                 out.append(f"{tag}: not installed ({peers.INSTALL_HINT}); skipped")
                 continue
             if "error" in r:
-                out.append(f"{tag}: FAILED: {r['error'].splitlines()[-1][:200]}")
+                out.append(f"{tag}: FAILED: {brief(r['error'])}")
             for phase in ("throughput", "latency"):
                 p = r.get(phase)
                 if not p:

@@ -96,6 +96,7 @@ from bench.harness.clients.shell import ConnectionLost, LeanClient  # noqa: E402
 from bench.harness.crossload import (  # noqa: E402
     CONNECT_TIMEOUT,
     Expectation,
+    brief,
     latency_summary,
     portable_subscriptions,
     publisher_main,
@@ -544,7 +545,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
     for kind in kinds:
         r = results[kind]
         if r["installed"] and "error" in r:
-            lines.append(f"{kind}: FAILED: {r['error'].splitlines()[0][:160]}")
+            lines.append(f"{kind}: FAILED: {brief(r['error'], 160)}")
     missing = [k for k in kinds if not results[k]["installed"]]
     if missing:
         lines.append(f"not installed: {', '.join(missing)} ({peers.INSTALL_HINT})")
@@ -623,7 +624,7 @@ def notes(report: dict[str, Any]) -> list[str]:
             out.append(f"{kind}: not installed ({peers.INSTALL_HINT}); skipped")
             continue
         if "error" in r:
-            out.append(f"{kind}: FAILED: {r['error'].splitlines()[-1][:200]}")
+            out.append(f"{kind}: FAILED: {brief(r['error'])}")
         storm = r.get("storm", {})
         for key in ("subscribe", "unsubscribe"):
             refused = storm.get(key, {}).get("refused")

@@ -30,7 +30,7 @@ from bench.harness.clients.topics import (
     wire_filter,
     wire_topic,
 )
-from bench.harness.crossload import Expectation, portable_subscriptions, split
+from bench.harness.crossload import Expectation, brief, portable_subscriptions, split
 from broker.server import Server
 from broker.wire.codec import decode_frame
 from broker.wire.frames import Ping, Pong, Sub, SubAck, Unsub, UnsubAck
@@ -347,6 +347,16 @@ def test_expectation_counts_copies_per_connection_or_per_subscription() -> None:
     assert (wrong["missing"], wrong["duplicates"], wrong["unexpected"]) == (1, 1, 0)
     assert per_conn.check(1, [2, 3, 99], 6)["unexpected"] == 2
     assert per_sub.check(0, [100, 100, 101, 104, 104, 105], 6, offset=100)["missing"] == 0
+
+
+def test_brief_keeps_a_worker_traceback_to_its_first_and_last_words() -> None:
+    error = (
+        "BenchError: w-storm failed:\n  | ExceptionGroup: x (1 sub-exception)\n"
+        "  +-+---- 1 ----\nTraceback (most recent call last):\n"
+        '  File "a.py", line 1, in f\n    g()\n  | ConnectionLost: EOF\n  +------\n'
+    )
+    assert brief(error) == "BenchError: w-storm failed: ... ConnectionLost: EOF"
+    assert brief("one line") == "one line"
 
 
 def test_split_is_round_robin() -> None:

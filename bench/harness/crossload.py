@@ -62,6 +62,17 @@ FLOOD_BATCH: Final = 256  # messages per write for a publisher going as fast as 
 CONNECT_TIMEOUT: Final = 60.0
 
 
+def brief(error: str, limit: int = 200) -> str:
+    """An error (perhaps a worker's whole traceback) in one line: its first line and, when
+    there is more, the last line that says something (not a traceback's frame)."""
+    lines = [line.strip().lstrip("+-| ") for line in error.splitlines()]  # exception groups
+    said = [line for line in lines if line and not line.startswith(("File ", "Traceback"))]
+    if not said:
+        return error[:limit]
+    text = said[0] if len(said) == 1 or said[-1] == said[0] else f"{said[0]} ... {said[-1]}"
+    return text[:limit]
+
+
 def marker_prefix(phase: str) -> bytes:
     """The payload prefix of a phase's markers: ``done:PHASE:`` then the repeat number."""
     return f"done:{phase}:".encode()
