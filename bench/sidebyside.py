@@ -269,6 +269,7 @@ def run_one(
     if not result["installed"]:
         return result
     result["version"] = peers.version(kind)
+    result["load_average_start"] = os.getloadavg()  # brokers run one after the other
     result["delivery"] = peers.DELIVERY[kind]
     protocol = peers.PROTOCOL[kind]
     broker: peers.RunningBroker | None = None
@@ -393,7 +394,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
     head = (
         f"{'S':>6} {'broker':<10} {'published/s':>11} {'delivered/s':>11} {'complete s':>10} "
         f"{'msg/s':>9} {'top/peer':>8} {'deliv/msg':>9} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'max ms':>7} {'p99 t/p':>7} {'exact tput':>12} {'exact lat':>10} {'RSS MB':>7}"
+        f"{'max ms':>7} {'p99 t/p':>7} {'exact tput':>12} {'exact lat':>10} {'RSS MB':>7} "
+        f"{'load':>5}"
     )
     lines = [head, "-" * len(head)]
     for size_key, by_kind in report["sizes"].items():
@@ -428,7 +430,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                 f"{fmt(lat.get('max'), '.2f'):>7} "
                 f"{p99_ratio if kind != 'topiary' else '':>7} "
                 f"{_exact_cell(a['exactness']):>12} {_exact_cell(b.get('exactness')):>10} "
-                f"{fmt(r.get('broker_peak_rss_mb'), '.1f'):>7}"
+                f"{fmt(r.get('broker_peak_rss_mb'), '.1f'):>7} "
+                f"{r['load_average_start'][0]:>5.2f}"
             )
     return lines
 
@@ -637,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         f"not comparable); latency: {params['latency_rate']:,} msg/s for "
         f"{params['latency_seconds']:g} s; p99 t/p = topiary's p99 / the peer's; exact = "
         "missing/duplicated/unexpected copies; NATS sends a copy per matching filter "
-        "(deliv/msg)"
+        "(deliv/msg); load = the machine's 1-minute load average when the row's run started"
     )
     print_ending(report, _goal_value)
     write_report(report, args.json, sort_keys=False)  # the brokers in their order

@@ -326,6 +326,7 @@ def run_kind(
     if not result["installed"]:
         return result
     result["version"] = peers.version(kind)
+    result["load_average_start"] = os.getloadavg()  # brokers run one after the other
     result["protocol"] = peers.PROTOCOL[kind]
     result["delivery"] = peers.DELIVERY[kind]
     broker: peers.RunningBroker | None = None
@@ -542,6 +543,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
     row("exact (missing/dup/unexpected)", _exact_cell, "exact")
     row("broker peak RSS MB", lambda r: fmt(r.get("broker_peak_rss_mb"), ",.1f"))
     row("broker CPU s", lambda r: fmt(r.get("broker_cpu_seconds"), ".1f"))
+    row("machine load average at start", lambda r: f"{r['load_average_start'][0]:.2f}")
     for kind in kinds:
         r = results[kind]
         if r["installed"] and "error" in r:

@@ -104,7 +104,7 @@ def test_quick_run_prints_one_table(quick_run: tuple) -> None:
         assert column in lines[header]
     rows = [line.split() for line in lines[header + 2 : header + 4]]
     assert [row[:2] for row in rows] == [["1,000", "topiary"], ["10,000", "topiary"]]
-    assert all(row[-3:-1] == ["yes", "yes"] for row in rows)
+    assert all(row[-4:-2] == ["yes", "yes"] for row in rows)
 
 
 def test_a_missing_broker_is_a_row_that_says_so(quick_run: tuple) -> None:
