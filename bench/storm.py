@@ -58,9 +58,13 @@ Reported per broker:
   counters (dropped, slow-consumer disconnects, subscribes, table entries).
 
 Goals (issue 18, for topiary; checked for information, they do not set the exit status):
-bystanders' p99 during the storm <= 10 ms and <= 1.5x Mosquitto's in the same run; p99
-outside the storm <= 1 ms; storm subscribe and unsubscribe each <= 1.0 s (50,000 filters,
-20,000 msg/s); every bystander delivery exact.
+bystanders' p99 during the storm <= 10 ms and <= 1.5x Mosquitto's in the same run, both
+judged from the schedule (a broker that stops reading its publisher during the storm
+delays those messages too; the publish stamp would hide it, and the timer slack the
+schedule adds is small beside 10 ms); p99 outside the storm <= 1 ms, from the publish
+stamp (there the slack would be as large as the goal; the publisher's lag is reported);
+storm subscribe and unsubscribe each <= 1.0 s (50,000 filters, 20,000 msg/s); every
+bystander delivery exact.
 
 ``--quick``: 5,000 storm filters, 5,000 msg/s, 1 s warm-up, 0.5 s tail (a smoke test,
 seconds per broker). Every wait is bounded: a broker that fails or a worker that hangs gives
@@ -469,17 +473,26 @@ def _lat(result: dict[str, Any], phase: str, basis: str = "send") -> dict[str, A
     return (result.get("latency_ms", {}).get(phase) or {}).get(basis) or {}
 
 
+def _ms(value: float) -> str:
+    """Milliseconds with the digits that matter: 0.42, 12.3, 1,128."""
+    if value < 10:
+        return f"{value:.2f}"
+    if value < 100:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
 def _triple(lat: dict[str, Any]) -> str:
     if not lat:
         return "-"
-    return f"{lat['p50']:.2f} / {lat['p99']:.2f} / {lat['max']:.1f}"
+    return f"{_ms(lat['p50'])} / {_ms(lat['p99'])} / {_ms(lat['max'])}"
 
 
 def table_lines(report: dict[str, Any]) -> list[str]:
     kinds = list(report["brokers"])
     results = report["brokers"]
     params = report["parameters"]
-    width = 24
+    width = 26
     head = f"{'':<38}" + "".join(f"{k:>{width}}" for k in kinds) + f"  {'goal (topiary)'}"
     lines = [
         f"storm of {params['storm_filters']:,} filters under {params['rate']:,} msg/s, "
@@ -510,14 +523,11 @@ def table_lines(report: dict[str, Any]) -> list[str]:
 
     row("storm subscribe s", seconds("subscribe"), f"<= {GOAL_STORM_SECONDS:g}")
     row("storm unsubscribe s", seconds("unsubscribe"), f"<= {GOAL_STORM_SECONDS:g}")
-    row(
-        "during storm p50 / p99 / max ms",
-        lambda r: _triple(_lat(r, "storm")),
-        f"p99 <= {GOAL_STORM_P99_MS:g}, <= {GOAL_VS_MOSQUITTO:g}x mosquitto",
-    )
+    row("during storm p50 / p99 / max ms", lambda r: _triple(_lat(r, "storm")))
     row(
         "  from schedule p50 / p99 / max ms",
         lambda r: _triple(_lat(r, "storm", "schedule")),
+        f"p99 <= {GOAL_STORM_P99_MS:g}, <= {GOAL_VS_MOSQUITTO:g}x mosquitto",
     )
     row(
         "outside storm p50 / p99 / max ms",
@@ -529,7 +539,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
     row(
         "samples outside / storm / after",
         lambda r: " / ".join(
-            f"{(_lat(r, phase).get('samples') or 0):,}" for phase in ("outside", "storm", "after")
+            f"{(_lat(r, phase).get('samples') or 0) / 1000:,.1f}k"
+            for phase in ("outside", "storm", "after")
         ),
     )
     row(
@@ -570,7 +581,12 @@ def check_goals(report: dict[str, Any]) -> Goals:
         and params["rate"] == GOAL_RATE
         and not params["quick"]
     )
-    storm_p99 = _lat(ours, "storm").get("p99")
+    # During the storm, from the schedule: a broker that stops reading its publishers
+    # delays their messages too, which the publish stamp cannot show (the ~1 ms of timer
+    # slack it adds is small beside 10 ms). Outside it, from the publish stamp: there the
+    # slack would be as large as the goal (the publisher's lag is reported beside it).
+    storm_p99 = _lat(ours, "storm", "schedule").get("p99")
+    stamped_p99 = _lat(ours, "storm").get("p99")
     outside_p99 = _lat(ours, "outside").get("p99")
     judge = comparable or None  # quick or different settings: reported, not judged
 
@@ -578,15 +594,16 @@ def check_goals(report: dict[str, Any]) -> Goals:
         return None if value is None or judge is None else ok
 
     goals.add(
-        f"bystanders' p99 during the storm <= {GOAL_STORM_P99_MS:g} ms",
+        f"bystanders' p99 during the storm (from schedule) <= {GOAL_STORM_P99_MS:g} ms",
         storm_p99,
         met(storm_p99, storm_p99 is not None and storm_p99 <= GOAL_STORM_P99_MS),
     )
     mosquitto = report["brokers"].get("mosquitto", {})
-    theirs = _lat(mosquitto, "storm").get("p99")
+    theirs = _lat(mosquitto, "storm", "schedule").get("p99")
     ratio = storm_p99 / theirs if storm_p99 is not None and theirs else None
     goals.add(
-        f"bystanders' p99 during the storm <= {GOAL_VS_MOSQUITTO:g}x Mosquitto's (same run)",
+        f"bystanders' p99 during the storm (from schedule) <= {GOAL_VS_MOSQUITTO:g}x "
+        "Mosquitto's (same run)",
         ratio,
         met(ratio, ratio is not None and ratio <= GOAL_VS_MOSQUITTO),
     )
@@ -604,6 +621,8 @@ def check_goals(report: dict[str, Any]) -> Goals:
         )
     exact = ours.get("exactness", {}).get("exact")
     goals.add("every bystander delivery exact", exact, exact)
+    if stamped_p99 is not None:
+        goals[0]["note"] = f"from the publish stamp: {stamped_p99:,.3f} ms"
     if not comparable:
         for goal in goals[:-1]:
             goal["note"] = (
