@@ -192,6 +192,7 @@ class Run:
         broker_cpu = cpu_seconds(self.broker.pid) - cpu_before
         after = _topiary_stats(self.broker.port) if self.broker.kind == "topiary" else None
         published.pop("late_batches", None)
+        published.pop("long_writes", None)
         return {
             "published": published,
             "rows": rows,
@@ -245,6 +246,7 @@ def _latency(raw: dict[str, Any], expectation: Expectation) -> dict[str, Any]:
         "messages": published["sent"],
         "achieved_rate": published["achieved_rate"],
         "publisher_lag_ms": published["lag_ms"],
+        "publisher_blocked_ms": published["blocked_ms"],
         "latency_ms": latency_summary(send),
         "from_schedule_ms": latency_summary(schedule),
         "exactness": _exactness(rows, expectation, published["sent"], offset),

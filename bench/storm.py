@@ -48,8 +48,9 @@ Reported per broker:
   it (the warm-up) and after it (the tail); also "from schedule" (read time - due time):
   it adds the publisher's own timer slack (up to ~1 ms) but also any time the broker held
   the publisher up by not reading it, which the publish timestamp cannot show;
-- the publisher's achieved rate and how far it fell behind its schedule (lag p99 / max;
-  "behind" when a batch went out more than 20 ms late);
+- the publisher's achieved rate, how far it fell behind its schedule (lag p99 / max;
+  "behind" when a batch went out more than 20 ms late) and how long its writes blocked
+  (a broker that stops reading its publisher; max and total);
 - exactness: each bystander's received copies against those it is owed (the published
   topics matched against its filters with ``routing.SubscriptionTable``; one copy per
   connection for topiary and Mosquitto, one per matching filter for NATS), message by
@@ -398,8 +399,11 @@ def run_kind(
             result["broker_stats"] = _stats_delta(stats_before, _topiary_stats(broker.port))
 
         late = published.pop("late_batches")
+        long_writes = published.pop("long_writes")
         result["publisher"] = {
             **published,
+            "long_writes_first": long_writes[:20],
+            "long_write_count": len(long_writes),
             "behind": (published["lag_ms"]["max"] or 0) > BEHIND_MS,
             "late_batches_first": late[:20],
             "late_batch_count": len(late),
@@ -548,6 +552,13 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         lambda r: (
             f"{r['publisher']['achieved_rate']:,.0f} ({r['publisher']['lag_ms']['max']:.1f})"
             + (" BEHIND" if r["publisher"]["behind"] else "")
+        ),
+    )
+    row(
+        "publisher blocked writing: max / total ms",
+        lambda r: (
+            f"{_ms(r['publisher']['blocked_ms']['max'])} / "
+            f"{_ms(r['publisher']['blocked_ms']['total'])}"
         ),
     )
     row("bystander deliveries", lambda r: f"{r['exactness']['received']:,}")

@@ -382,6 +382,8 @@ class Publisher:
         start = trio.current_time() + start_delay
         start_ns = clock() + int(start_delay * 1e9)
         lags: list[float] = []
+        long_writes: list[tuple[float, float]] = []
+        blocked_total = blocked_max = 0
         sent = 0
         batches = 0
         stopped_by = "count"
@@ -400,6 +402,14 @@ class Publisher:
                     first_ns = stamp
                 self._batch(sent, end, stamp, offset)
                 await client.flush()
+                blocked = clock() - stamp  # building is microseconds; the rest is the write
+                blocked_total += blocked
+                if blocked > blocked_max:
+                    blocked_max = blocked
+                if blocked > 5_000_000:
+                    long_writes.append(
+                        (round((stamp - start_ns) / 1e9, 3), round(blocked / 1e6, 1))
+                    )
                 last_ns = stamp
                 sent = end
                 batches += 1
@@ -426,6 +436,10 @@ class Publisher:
                 "p99": percentile(ordered, 0.99) * 1e3 if ordered else None,
                 "max": ordered[-1] * 1e3 if ordered else None,
             },
+            # Time spent in writes (the broker not reading, or the socket full), and when:
+            # (seconds since the start, ms) of writes longer than 5 ms.
+            "blocked_ms": {"total": blocked_total / 1e6, "max": blocked_max / 1e6},
+            "long_writes": long_writes[:2000],
             # When it fell behind: (seconds since the start, ms late) of batches > 5 ms late.
             "late_batches": [
                 (round(at, 3), round(lag * 1e3, 2)) for at, lag in lags if lag > 0.005
