@@ -182,6 +182,7 @@ async def storm_main(pipe: Pipe, protocol: str, port: int, filters: list[str], n
                     break
                 _, timeout = command
                 info: dict[str, Any] = {"count": len(filters)}
+                cpu = time.process_time()
                 try:
                     with trio.fail_after(timeout):
                         sub = await client.subscribe(filters)
@@ -195,6 +196,7 @@ async def storm_main(pipe: Pipe, protocol: str, port: int, filters: list[str], n
                     info["error"] = f"storm connection lost: {exc}"
                 info["received"] = received
                 info["stray_messages"] = client.stray_messages
+                info["cpu_seconds"] = time.process_time() - cpu
                 pipe.send(("stormed", info))
             nursery.cancel_scope.cancel()
     finally:
@@ -565,6 +567,13 @@ def table_lines(report: dict[str, Any]) -> list[str]:
     row("exact (missing/dup/unexpected)", _exact_cell, "exact")
     row("broker peak RSS MB", lambda r: fmt(r.get("broker_peak_rss_mb"), ",.1f"))
     row("broker CPU s", lambda r: fmt(r.get("broker_cpu_seconds"), ".1f"))
+    row(
+        "client CPU s: storm / bystanders / pub",
+        lambda r: (
+            f"{r['storm']['cpu_seconds']:.1f} / "
+            f"{r['publisher']['subscriber_cpu_seconds']:.1f} / {r['publisher']['cpu_seconds']:.1f}"
+        ),
+    )
     row("machine load average at start", lambda r: f"{r['load_average_start'][0]:.2f}")
     for kind in kinds:
         r = results[kind]
