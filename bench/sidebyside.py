@@ -395,7 +395,7 @@ def _exact_cell(exact: dict[str, Any] | None) -> str:
 def table_lines(report: dict[str, Any]) -> list[str]:
     head = (
         f"{'S':>6} {'broker':<10} {'published/s':>11} {'delivered/s':>11} {'complete s':>10} "
-        f"{'msg/s':>9} {'top/peer':>8} {'deliv/msg':>9} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'msg/s':>9} {'top/peer':>8} {'CPU s':>5} {'deliv/msg':>9} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'max ms':>7} {'p99 t/p':>7} {'exact tput':>12} {'exact lat':>10} {'RSS MB':>7} "
         f"{'load':>5}"
     )
@@ -427,6 +427,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                 f"{fmt(a['completion_seconds'], '.3f'):>10} "
                 f"{fmt(a['completion_per_second'], ',.0f'):>9} "
                 f"{completion if kind != 'topiary' else '':>8} "
+                f"{a['broker_cpu_seconds']:>5.2f} "
                 f"{fmt(a['deliveries_per_message'], '.2f'):>9} "
                 f"{fmt(lat.get('p50'), '.2f'):>7} {fmt(lat.get('p99'), '.2f'):>7} "
                 f"{fmt(lat.get('max'), '.2f'):>7} "
@@ -639,7 +640,9 @@ def main(argv: list[str] | None = None) -> int:
         f"throughput: {params['messages']:,} messages of {PAYLOAD_SIZES[0]}-{PAYLOAD_SIZES[1]} B "
         "as fast as the publisher writes; complete s = first publish -> last delivery; msg/s "
         "= messages / complete s; top/peer = topiary's msg/s / the peer's (* = a side dropped: "
-        f"not comparable); latency: {params['latency_rate']:,} msg/s for "
+        f"not comparable); CPU s = the broker's CPU seconds in the throughput phase (/proc: "
+        f"less sensitive to the machine's load than the rates); latency: "
+        f"{params['latency_rate']:,} msg/s for "
         f"{params['latency_seconds']:g} s; p99 t/p = topiary's p99 / the peer's; exact = "
         "missing/duplicated/unexpected copies; NATS sends a copy per matching filter "
         "(deliv/msg); load = the machine's 1-minute load average when the row's run started"
