@@ -7,7 +7,7 @@ Issue 18's second measure: how fast a broker fans a stream out to filtered subsc
 and how quickly it delivers at a modest rate, beside Mosquitto and nats-server (when
 installed: ``apt-get install mosquitto nats-server``), with the same Python clients
 (bench/harness/clients: one trio shell, one lean codec per protocol), the same process
-layout and a fresh broker per kind and size (bench/harness/brokers.py says how each is
+layout and a fresh broker per kind and size (bench/harness/peers.py says how each is
 configured).
 
 Per size S (1,000 and 10,000 filters):
@@ -74,8 +74,7 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository r
 
 import trio  # noqa: E402
 
-from bench.harness import BenchError  # noqa: E402
-from bench.harness import brokers as peers  # noqa: E402
+from bench.harness import BenchError, peers  # noqa: E402
 from bench.harness.crossload import (  # noqa: E402
     Expectation,
     brief,

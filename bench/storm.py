@@ -8,7 +8,7 @@ Issue 18 ("Fair service: storms and slow readers never hurt anyone else"): does 
 subscription changes on one connection delay everybody else's messages? Run on topiary and,
 when installed (``apt-get install mosquitto nats-server``), on Mosquitto and nats-server,
 with the same Python clients (bench/harness/clients: one trio shell, one lean codec per
-protocol) and the same process layout, one fresh broker per kind (bench/harness/brokers.py
+protocol) and the same process layout, one fresh broker per kind (bench/harness/peers.py
 says how each is configured), one table with the brokers side by side.
 
 Parties, each a process of its own (spawn), coordinated through pipes by this script:
@@ -95,8 +95,7 @@ if str(ROOT) not in sys.path:  # bench/ is a plain directory at the repository r
 import trio  # noqa: E402
 
 from bench import workload  # noqa: E402
-from bench.harness import BenchError  # noqa: E402
-from bench.harness import brokers as peers  # noqa: E402
+from bench.harness import BenchError, peers  # noqa: E402
 from bench.harness.clients.shell import ConnectionLost, LeanClient  # noqa: E402
 from bench.harness.crossload import (  # noqa: E402
     CONNECT_TIMEOUT,

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench import workload
-from bench.harness import brokers
+from bench.harness import peers
 from bench.harness.clients import mqtt, native, nats
 from bench.harness.clients.shell import LeanClient
 from bench.harness.clients.topics import (
@@ -422,13 +422,13 @@ async def test_shell_counts_refused_subscriptions() -> None:
 
 @pytest.mark.parametrize("kind", ["mosquitto", "nats"])
 def test_shell_against_installed_peers(kind: str) -> None:
-    if not brokers.installed(kind):
-        pytest.skip(f"{kind} is not installed ({brokers.INSTALL_HINT})")
+    if not peers.installed(kind):
+        pytest.skip(f"{kind} is not installed ({peers.INSTALL_HINT})")
     with tempfile.TemporaryDirectory() as log_dir:
-        broker = brokers.start(kind, Path(log_dir), kind)
+        broker = peers.start(kind, Path(log_dir), kind)
         try:
             trio.run(exercise, broker.protocol, broker.port)
         finally:
-            stopped = brokers.stop(broker)
+            stopped = peers.stop(broker)
         assert stopped["killed"] is False
-        assert brokers.log_summary(broker)["problem_count"] == 0
+        assert peers.log_summary(broker)["problem_count"] == 0

@@ -13,12 +13,12 @@ import subprocess
 import pytest
 
 from bench import sidebyside
-from bench.harness import brokers
+from bench.harness import peers
 from tests.benchrun import ROOT, run_quick, still_running
 
 SCRIPT = ROOT / "bench" / "sidebyside.py"
 QUICK_MESSAGES = 4_000
-PEERS = [kind for kind in ("mosquitto", "nats") if brokers.installed(kind)]
+PEERS = [kind for kind in ("mosquitto", "nats") if peers.installed(kind)]
 OURS = (b"broker.cli", b"multiprocessing", b"mosquitto", b"nats-server")
 
 
@@ -31,7 +31,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
 @pytest.fixture(scope="module")
 def peer_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
     if not PEERS:
-        pytest.skip(f"neither mosquitto nor nats-server is installed ({brokers.INSTALL_HINT})")
+        pytest.skip(f"neither mosquitto nor nats-server is installed ({peers.INSTALL_HINT})")
     return run_quick(
         SCRIPT,
         tmp_path_factory.mktemp("bench") / "sidebyside-peers.json",
@@ -126,11 +126,11 @@ def test_tiny_run_beside_the_installed_peers(peer_run: tuple) -> None:
     assert list(by_kind) == ["topiary", *PEERS]
     for kind, result in by_kind.items():
         check_result(result, 1_000, 2_000)
-        assert result["delivery"] == brokers.DELIVERY[kind]
+        assert result["delivery"] == peers.DELIVERY[kind]
     ours = by_kind["topiary"]["throughput"]["exactness"]["received"]
     for kind in PEERS:
         theirs = by_kind[kind]["throughput"]["exactness"]["received"]
-        if brokers.DELIVERY[kind] == "connection":
+        if peers.DELIVERY[kind] == "connection":
             assert theirs == ours  # the same copies, message by message
         else:
             assert theirs >= ours  # one per matching filter

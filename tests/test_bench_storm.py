@@ -13,12 +13,12 @@ import subprocess
 import pytest
 
 from bench import storm
-from bench.harness import brokers
+from bench.harness import peers
 from tests.benchrun import ROOT, run_quick, still_running
 
 SCRIPT = ROOT / "bench" / "storm.py"
 QUICK_STORM = 5_000
-PEERS = [kind for kind in ("mosquitto", "nats") if brokers.installed(kind)]
+PEERS = [kind for kind in ("mosquitto", "nats") if peers.installed(kind)]
 OURS = (b"broker.cli", b"multiprocessing", b"mosquitto", b"nats-server")
 
 
@@ -32,7 +32,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
 @pytest.fixture(scope="module")
 def peer_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
     if not PEERS:
-        pytest.skip(f"neither mosquitto nor nats-server is installed ({brokers.INSTALL_HINT})")
+        pytest.skip(f"neither mosquitto nor nats-server is installed ({peers.INSTALL_HINT})")
     return run_quick(
         SCRIPT,
         tmp_path_factory.mktemp("bench") / "storm-peers.json",
@@ -135,7 +135,7 @@ def test_tiny_run_on_the_installed_peers(peer_run: tuple) -> None:
     for kind in PEERS:
         result = report["brokers"][kind]
         check_broker_result(result, 2_000)
-        assert result["delivery"] == brokers.DELIVERY[kind]
+        assert result["delivery"] == peers.DELIVERY[kind]
         assert result["version"]
     header = next(line for line in proc.stdout.splitlines() if line.endswith("goal (topiary)"))
     assert header.split()[: len(PEERS)] == PEERS

@@ -1,4 +1,7 @@
-"""topiary, Mosquitto and nats-server side by side: start one on a free 127.0.0.1 port, stop it.
+"""Peer brokers for comparisons: topiary, Mosquitto and nats-server on a free 127.0.0.1 port.
+
+"Peer" as in "a broker we compare with", not as in bench/peers.py (topiary brokers peered
+in a mesh: that is bench/harness/mesh.py).
 
 Each broker is a subprocess with its stdout and stderr in a log file of its own, reached
 only on 127.0.0.1. ``installed(kind)`` says whether its program is on this machine (the peers
