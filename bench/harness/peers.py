@@ -1,0 +1,228 @@
+"""Peer brokers for comparisons: topiary, Mosquitto and nats-server on a free 127.0.0.1 port.
+
+"Peer" as in "a broker we compare with", not as in bench/peers.py (topiary brokers peered
+in a mesh: that is bench/harness/mesh.py).
+
+Each broker is a subprocess with its stdout and stderr in a log file of its own, reached
+only on 127.0.0.1. ``installed(kind)`` says whether its program is on this machine (the peers
+come from ``apt-get install mosquitto nats-server``; a benchmark says "not installed" and
+skips a missing one). Each kind is spoken to with the lean clients of
+bench/harness/clients in its own protocol (``PROTOCOL``).
+
+- ``topiary``: ``python -m broker.cli serve`` through bench/harness/processes.py (JSON log,
+  default settings: per connection at most 10,000 messages / 16 MiB queued, then drops,
+  counted).
+- ``mosquitto`` (2.0.x): ``mosquitto -c FILE`` with a config written into a temporary
+  directory::
+
+      listener PORT 127.0.0.1
+      allow_anonymous true
+      persistence false
+      max_queued_messages 0      # 2.0 counts a connected client's queued QoS 0 messages
+                                 # against this limit (default 1,000) and drops past it
+      max_queued_bytes 0
+      max_inflight_messages 0    # QoS 1/2 only; unlimited, in case
+      allow_duplicate_messages false   # one copy per client however many filters match,
+                                       # as topiary does (deprecated, still honoured in 2.0)
+      set_tcp_nodelay true       # topiary (trio) and nats-server (Go) set TCP_NODELAY too
+      log_dest stdout
+      log_type error
+      log_type warning
+      log_type notice
+      connection_messages false
+
+- ``nats`` (2.9.x): ``nats-server -c FILE`` with::
+
+      listen: 127.0.0.1:PORT
+      max_pending: 268435456     # 256 MiB per client before "slow consumer" (default 64 MiB)
+      write_deadline: "30s"      # a blocked write to a client closes it after this (10 s)
+      max_payload: 1048576
+
+  NATS sends one MSG per matching subscription: a connection whose filters overlap gets a
+  message more than once (``DELIVERY["nats"]``); there is no setting for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Final
+
+from bench.harness import BenchError
+from bench.harness.logs import scan_log
+from bench.harness.processes import (
+    BROKER_START_TIMEOUT,
+    BROKER_STOP_TIMEOUT,
+    HOST,
+    BrokerExited,
+    NotListening,
+    free_port,
+    spawn_logged,
+    start_broker,
+    stop_logged,
+    tail,
+    wait_listening,
+)
+
+KINDS: Final = ("topiary", "mosquitto", "nats")
+PROTOCOL: Final = {"topiary": "native", "mosquitto": "mqtt", "nats": "nats"}
+#: How many MSGs a connection gets for one message: "connection" (once, however many of its
+#: filters match) or "subscription" (once per matching filter).
+DELIVERY: Final = {"topiary": "connection", "mosquitto": "connection", "nats": "subscription"}
+PROGRAMS: Final = {"mosquitto": "mosquitto", "nats": "nats-server"}
+INSTALL_HINT: Final = "apt-get install mosquitto nats-server"
+_SBIN: Final = ("/usr/sbin", "/usr/local/sbin", "/sbin")
+
+MOSQUITTO_CONFIG: Final = """\
+listener {port} {host}
+allow_anonymous true
+persistence false
+max_queued_messages 0
+max_queued_bytes 0
+max_inflight_messages 0
+allow_duplicate_messages false
+set_tcp_nodelay true
+log_dest stdout
+log_type error
+log_type warning
+log_type notice
+connection_messages false
+"""
+NATS_CONFIG: Final = """\
+listen: {host}:{port}
+max_pending: 268435456
+write_deadline: "30s"
+max_payload: 1048576
+"""
+
+
+def program(kind: str) -> str | None:
+    """The path of the peer broker's program, or None if it is not installed (topiary: None,
+    it is this repository)."""
+    name = PROGRAMS.get(kind)
+    if name is None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown broker kind {kind!r}; known: {', '.join(KINDS)}")
+        return None
+    found = shutil.which(name)
+    if found:
+        return found
+    for directory in _SBIN:  # not on every user's PATH
+        candidate = Path(directory) / name
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def installed(kind: str) -> bool:
+    """Whether a broker of ``kind`` can be started here."""
+    return kind == "topiary" or program(kind) is not None
+
+
+def version(kind: str) -> str | None:
+    """The broker's version as it reports it (None if unknown)."""
+    if kind == "topiary":
+        return "this checkout"
+    path = program(kind)
+    if path is None:
+        return None
+    flag = "-h" if kind == "mosquitto" else "--version"
+    try:
+        proc = subprocess.run([path, flag], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"\d+\.\d+\.\d+", proc.stdout + proc.stderr)
+    return match.group(0) if match else None
+
+
+@dataclass
+class RunningBroker:
+    kind: str
+    port: int
+    popen: subprocess.Popen
+    log_path: Path
+    log_file: IO[bytes]
+    config_dir: Path | None = None  # removed at stop
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def protocol(self) -> str:
+        return PROTOCOL[self.kind]
+
+
+def start(kind: str, log_dir: Path, label: str) -> RunningBroker:
+    """A broker of ``kind`` listening on a free 127.0.0.1 port, logging to
+    ``log_dir/label.log``; BenchError if it is not installed, exits or stays silent."""
+    log_path = log_dir / f"{label}.log"
+    if kind == "topiary":
+        broker = start_broker(log_path)
+        return RunningBroker(kind, broker.port, broker.popen, log_path, broker.log_file)
+    path = program(kind)
+    if path is None:
+        raise BenchError(f"{kind} is not installed ({INSTALL_HINT})")
+    config_dir = Path(tempfile.mkdtemp(prefix=f"topiary-bench-{kind}-"))
+    port = free_port()
+    if kind == "mosquitto":
+        config = config_dir / "mosquitto.conf"
+        config.write_text(MOSQUITTO_CONFIG.format(port=port, host=HOST))
+        command = [path, "-c", str(config)]
+    else:
+        config = config_dir / "nats.conf"
+        config.write_text(NATS_CONFIG.format(port=port, host=HOST))
+        command = [path, "-c", str(config)]
+    try:
+        popen, log_file = spawn_logged(command, log_path)
+    except BaseException:
+        shutil.rmtree(config_dir, ignore_errors=True)
+        raise
+    broker = RunningBroker(kind, port, popen, log_path, log_file, config_dir)
+    try:
+        wait_listening({kind: (popen, port)}, BROKER_START_TIMEOUT)
+    except BrokerExited:
+        stop(broker)
+        raise BenchError(
+            f"{kind} exited with status {popen.returncode}:\n{tail(log_path)}"
+        ) from None
+    except NotListening:
+        stop(broker)
+        raise BenchError(f"{kind} did not listen within {BROKER_START_TIMEOUT:g} s") from None
+    return broker
+
+
+def stop(broker: RunningBroker) -> dict[str, Any]:
+    """SIGTERM, SIGKILL after 10 s; the exit status, how long it took, whether killed."""
+    try:
+        return stop_logged(broker.popen, broker.log_file, BROKER_STOP_TIMEOUT)
+    finally:
+        if broker.config_dir is not None:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(broker.config_dir)
+
+
+_PROBLEM = re.compile(r"\b(error|warning|fatal|panic|slow consumer)\b", re.IGNORECASE)
+
+
+def log_summary(broker: RunningBroker) -> dict[str, Any]:
+    """What the broker's log says went wrong: topiary's JSON log through ``scan_log``, the
+    peers' text logs by the lines that name an error, a warning or a slow consumer."""
+    if broker.kind == "topiary":
+        return scan_log(broker.log_path)
+    try:
+        lines = broker.log_path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return {"error": str(exc)}
+    problems = [line for line in lines if _PROBLEM.search(line)]
+    return {
+        "lines": len(lines),
+        "problem_count": len(problems),
+        "problems": [line[:400] for line in problems[:12]],
+    }
