@@ -24,10 +24,10 @@ For each subscription-table size S (workload: ``bench/workload.py``):
            The table has its cache on but empty while it is built, and a
            subscription change does not touch an empty cache, so this is the
            cost of a ``cache_size=0`` table; one table per S serves every step.
-           The table keeps its prefix index (pygtrie) current on every add and
-           remove of a distinct filter, so the build includes it. Then
-           ``first_prefix_query_seconds`` is the time of one prefix question
-           (``filters_under``, with an empty answer) after the build.
+           The table builds its prefix index (pygtrie) at the first prefix
+           question and keeps it current from then on, so the build does not
+           include it: ``first_prefix_query_seconds`` is the time of that first
+           question (``filters_under``, with an empty answer), index included.
 2. cold    ``table.match_uncached(topic)`` (walks the trie, never touches the
            cache) over the Zipf topic stream: matches/s and mean answer size.
 3. naive   (S <= 10,000) every entry's parsed filter ``matches_levels`` the topic,

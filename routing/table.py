@@ -6,7 +6,8 @@ Three structures, each answering one question:
 - a pygtrie keyed by where filters live (their leading literal levels, at
   most ``INDEX_DEPTH``), each node holding the group of filters that live
   there: which filters live under ``beacon/eu``? (prefix questions for
-  route summarization and operators)
+  route summarization and operators). Built at the first such question and
+  kept from then on: a broker that is never asked pays nothing for it
 - ``MatchCache``: the answer for a hot topic without walking anything; a
   subscribe or unsubscribe patches the cached answers its filter matches
   (``_wants`` says whether an unsubscribed subscriber still wants a topic).
@@ -15,7 +16,8 @@ An entry is (filter text, dialect, subscriber). Parsed filters are shared
 between the subscribers that hold the same text, and the pygtrie only
 changes when a new place in the hierarchy gains or loses its last filter
 (a pygtrie walk is pure Python and costs as much as the rest of a
-subscribe), so subscribe and unsubscribe stay cheap. ``generation`` moves
+subscribe; a storm of filters on new sites would pay it every time, so it
+only exists once asked for), so subscribe and unsubscribe stay cheap. ``generation`` moves
 on every change, so caches kept elsewhere (per connection, per peer link)
 can tell they are stale without being told.
 
@@ -84,8 +86,9 @@ class SubscriptionTable:
         self._holders: dict[Key, int] = {}
         # pygtrie: the literal heads filters live at (values unused: True); the plain dict
         # maps each head to its group, the Filter itself while it is alone, else a dict
-        # used as an ordered set. Only a new or emptied head walks the pygtrie.
-        self._by_path: pygtrie.Trie = pygtrie.Trie()
+        # used as an ordered set. Only a new or emptied head walks the pygtrie, and only
+        # once filters_under has made it (None until then).
+        self._by_path: pygtrie.Trie | None = None
         self._groups: dict[tuple[str, ...], Filter | dict[Filter, None]] = {}
         # subscriber -> its Filter, or a set once it holds two: most subscribers hold one
         # (every broker subscription is its own subscriber), and a set per entry costs
@@ -284,8 +287,13 @@ class SubscriptionTable:
                 and all(t.__class__ is str for t in f.levels[:depth])
                 and f.levels[:depth] == levels
             ]
+        by_path = self._by_path
+        if by_path is None:  # the first prefix question: index where filters live
+            by_path = self._by_path = pygtrie.Trie()
+            for key in self._groups:
+                by_path[key] = True
         try:
-            heads = self._by_path.keys(prefix=levels)
+            heads = by_path.keys(prefix=levels)
         except KeyError:
             return []
         groups = self._groups
@@ -346,7 +354,8 @@ class SubscriptionTable:
         if group is None:
             # A new place in the hierarchy: the only time pygtrie is touched (4-7 us a walk).
             groups[key] = flt  # type: ignore[index]
-            self._by_path[key] = True
+            if self._by_path is not None:
+                self._by_path[key] = True
         elif group.__class__ is dict:
             group[flt] = None  # type: ignore[index]
         else:
@@ -361,7 +370,8 @@ class SubscriptionTable:
                 self._groups[key] = next(iter(group))  # type: ignore[call-overload]
         else:
             del self._groups[key]
-            del self._by_path[key]
+            if self._by_path is not None:
+                del self._by_path[key]
 
 
 Key = str | tuple[str, str]
