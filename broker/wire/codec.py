@@ -30,6 +30,7 @@ All of it is one module so that the wire form is written down in one place.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -390,6 +391,38 @@ def _head(frame_type: str, fields: int) -> bytes:
 
 
 _PUBACK: Final = _head("PUBACK", 1) + _packb("id")
+
+
+def _msg_heads() -> tuple[tuple[Any, int, bytes, bytes], ...]:
+    """What ``append_msg`` packs before a MSG's shared fields, by the widths of its ``sub``
+    and ``seq``: (pack, body bytes besides the shared fields, sub key, seq key).
+
+    A MSG's head is its length prefix, its map header and the two fields that differ per
+    delivery, ``sub`` and ``seq`` (a map's keys may come in any order, so they come first).
+    One ``struct`` call packs it, in the smallest msgpack form of each uint as ``_packb``
+    would: the format byte of ``sub``'s and ``seq``'s width is the last byte of its key.
+    Indexed by ``_SUB_WIDTH[sub.bit_length()] + _SEQ_WIDTH[seq.bit_length()]``.
+    """
+    widths = ((b"", "B", 1), (b"\xcc", "B", 1), (b"\xcd", "H", 2), (b"\xce", "I", 4))
+    widths += ((b"\xcf", "Q", 8),)  # positive fixint, uint 8, 16, 32, 64
+    heads = []
+    for sub_format, sub_code, sub_size in widths:
+        for seq_format, seq_code, seq_size in widths:
+            sub_key, seq_key = _SUB_KEY + sub_format, _SEQ_KEY + seq_format
+            layout = f">IB{len(sub_key)}s{sub_code}{len(seq_key)}s{seq_code}"
+            extra = 1 + len(sub_key) + sub_size + len(seq_key) + seq_size
+            heads.append((struct.Struct(layout).pack, extra, sub_key, seq_key))
+    return tuple(heads)
+
+
+def _width(bits: int) -> int:
+    """The index of the msgpack uint form for a value of ``bits`` bits (``_msg_heads``)."""
+    return 0 if bits <= 7 else 1 if bits <= 8 else 2 if bits <= 16 else 3 if bits <= 32 else 4
+
+
+_MSG_HEADS: Final = _msg_heads()
+_SUB_WIDTH: Final = tuple(5 * _width(bits) for bits in range(65))
+_SEQ_WIDTH: Final = tuple(_width(bits) for bits in range(65))
 _SUBACK: Final = _head("SUBACK", 2) + _packb("id")
 _UNSUBACK: Final = _head("UNSUBACK", 1) + _packb("id")
 
@@ -464,10 +497,19 @@ def append_msg(
         shared, fields = shared_fields(message)
     else:
         fields = message.encoded_fields
+    if not discarded:  # the common case: the head is one struct call (see _msg_heads)
+        pack, extra, sub_key, seq_key = _MSG_HEADS[
+            _SUB_WIDTH[sub.bit_length()] + _SEQ_WIDTH[seq.bit_length()]
+        ]
+        size = extra + len(shared)
+        if size > limit:
+            raise frame_too_large("MSG", size, limit)
+        parts.append(pack(size, 0x82 + fields, sub_key, sub, seq_key, seq))
+        parts.append(shared)
+        return size + 4
     tail = b"".join((_SUB_KEY, _packb(sub), _SEQ_KEY, _packb(seq)))
-    if discarded:
-        tail += _DISCARDED_KEY + _packb(discarded)
-        fields += 1
+    tail += _DISCARDED_KEY + _packb(discarded)
+    fields += 1
     size = 1 + len(shared) + len(tail)
     if size > limit:
         raise frame_too_large("MSG", size, limit)
