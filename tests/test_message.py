@@ -82,3 +82,23 @@ def test_every_width_of_sub_and_seq_packs_as_the_generic_encoder_does() -> None:
             fields = {"type": "MSG", "sub": sub, "seq": seq, "topic": "a/b"}
             fields.update(payload=b"payload", msg_id="id")
             assert len(wire) - 4 == len(msgpack.packb(fields))  # no wider than needed
+
+
+def test_long_fields_pack_as_the_generic_encoder_does() -> None:
+    """Payloads of every bin width, and a msg_id of the longest allowed length, through
+    ``append_msg``'s hand-written shared fields."""
+    for payload_size in (0, 255, 256, 65535, 65536, 70_000):
+        for msg_id in ("m", "i" * 31, "i" * 32, "i" * 255, "i" * 256, "\u00e9" * 128):
+            for hdrs in (None, {"k": "v"}):
+                message = Message("x/\u00e9/y", b"p" * payload_size, hdrs, msg_id)
+                wire = encode_msg(message, 1, 2)
+                assert int.from_bytes(wire[:4], "big") == len(wire) - 4
+                frame = Msg(
+                    sub=1,
+                    seq=2,
+                    topic="x/\u00e9/y",
+                    payload=message.payload,
+                    headers=hdrs,
+                    msg_id=msg_id,
+                )
+                assert decode_frame(wire[4:]) == frame

@@ -451,21 +451,52 @@ def encode_unsuback(request_id: int) -> bytes:
     return _framed(_UNSUBACK + _packb(request_id))
 
 
-def shared_fields(message: Message) -> tuple[memoryview, int]:
-    """The encoded fields every MSG of ``message`` carries, and how many there are (packed
-    once, kept on the message)."""
+#: The start of a MSG's shared fields (after its map header and head): "type", "topic".
+_MSG_TYPE_TOPIC: Final = _packb("type") + _packb("MSG") + _packb("topic")
+_MSG_ID_KEY: Final = _packb("msg_id")
+_HEADERS_KEY: Final = _packb("headers")
+_PAYLOAD_KEY: Final = _packb("payload")
+#: msgpack str and bin headers for lengths below 256 (fixstr or str 8; bin 8).
+_STR_HEADS: Final = tuple(bytes((0xA0 | n,)) if n < 32 else bytes((0xD9, n)) for n in range(256))
+_BIN_HEADS: Final = tuple(bytes((0xC4, n)) for n in range(256))
+
+
+def _packed_str(text: str) -> bytes:
+    """``_packb(text)``, without the call for the common short text."""
+    data = text.encode()
+    if len(data) < 256:
+        return _STR_HEADS[len(data)] + data
+    return _packb(text)
+
+
+def shared_fields(message: Message) -> tuple[bytes, int]:
+    """The encoded fields every MSG of ``message`` carries, up to its payload, and how many
+    fields there are (packed once, kept on the message).
+
+    They end with the ``payload`` key and the payload's bin header: ``append_msg`` appends
+    the payload itself, which is copied once, into the batch, and never packed.
+    """
     if message.encoded is None:
-        fields: dict[str, object] = {
-            "type": "MSG",
-            "topic": message.topic,
-            "payload": message.payload,
-            "msg_id": message.msg_id,
-        }
-        if message.headers is not None:
-            fields["headers"] = message.headers
-        packed = _packb(fields)  # one C call; its map header is replaced per MSG
-        message.encoded = memoryview(packed)[1:]  # no copy of the payload
-        message.encoded_fields = len(fields)
+        size = message.size
+        if size < 256:
+            payload_head = _BIN_HEADS[size]
+        elif size < 0x10000:
+            payload_head = b"\xc5" + size.to_bytes(2, "big")
+        else:
+            payload_head = b"\xc6" + size.to_bytes(4, "big")
+        headers = message.headers
+        message.encoded = b"".join(
+            (
+                _MSG_TYPE_TOPIC,
+                _packed_str(message.topic),
+                _MSG_ID_KEY,
+                _packed_str(message.msg_id),
+                b"" if headers is None else _HEADERS_KEY + _packb(headers),
+                _PAYLOAD_KEY,
+                payload_head,
+            )
+        )
+        message.encoded_fields = 4 if headers is None else 5
     return message.encoded, message.encoded_fields
 
 
@@ -487,8 +518,8 @@ def append_msg(
     """Append the pieces of MSG(sub, seq) for ``message`` to ``parts``; their total size.
     ``discarded`` > 0 adds the field that says how many messages were dropped before it.
 
-    For a writer that joins a whole batch at once: the shared fields (the payload) are
-    copied once, into the batch, instead of into a MSG first and the batch then. A body
+    For a writer that joins a whole batch at once: the payload is copied once, into the
+    batch, instead of into a MSG first and the batch then. A body
     larger than ``limit`` (``Connection.append_msg`` passes the peer's) is refused before
     anything is appended, so a batch is never left with half a frame.
     """
@@ -501,20 +532,22 @@ def append_msg(
         pack, extra, sub_key, seq_key = _MSG_HEADS[
             _SUB_WIDTH[sub.bit_length()] + _SEQ_WIDTH[seq.bit_length()]
         ]
-        size = extra + len(shared)
+        size = extra + len(shared) + message.size
         if size > limit:
             raise frame_too_large("MSG", size, limit)
         parts.append(pack(size, 0x82 + fields, sub_key, sub, seq_key, seq))
         parts.append(shared)
+        parts.append(message.payload)
         return size + 4
     tail = b"".join((_SUB_KEY, _packb(sub), _SEQ_KEY, _packb(seq)))
     tail += _DISCARDED_KEY + _packb(discarded)
     fields += 1
-    size = 1 + len(shared) + len(tail)
+    size = 1 + len(shared) + message.size + len(tail)
     if size > limit:
         raise frame_too_large("MSG", size, limit)
     parts.append(size.to_bytes(4, "big") + _MAP_HEADERS[fields + 2])
     parts.append(shared)
+    parts.append(message.payload)
     parts.append(tail)
     return size + 4
 
