@@ -475,14 +475,6 @@ _STR_HEADS: Final = tuple(bytes((0xA0 | n,)) if n < 32 else bytes((0xD9, n)) for
 _BIN_HEADS: Final = tuple(bytes((0xC4, n)) for n in range(256))
 
 
-def _packed_str(text: str) -> bytes:
-    """``_packb(text)``, without the call for the common short text."""
-    data = text.encode()
-    if len(data) < 256:
-        return _STR_HEADS[len(data)] + data
-    return _packb(text)
-
-
 def shared_fields(message: Message) -> tuple[bytes, int]:
     """The encoded fields every MSG of ``message`` carries, up to its payload, and how many
     fields there are (packed once, kept on the message).
@@ -499,18 +491,35 @@ def shared_fields(message: Message) -> tuple[bytes, int]:
         else:
             payload_head = b"\xc6" + size.to_bytes(4, "big")
         headers = message.headers
-        message.encoded = b"".join(
-            (
-                _MSG_TYPE_TOPIC,
-                _packed_str(message.topic),
-                _MSG_ID_KEY,
-                _packed_str(message.msg_id),
-                b"" if headers is None else _HEADERS_KEY + _packb(headers),
-                _PAYLOAD_KEY,
-                payload_head,
+        topic = message.topic.encode()  # (a topic is at most 250 bytes)
+        msg_id = message.msg_id.encode()
+        if headers is None and len(msg_id) < 256:  # the common case, without a call
+            message.encoded = b"".join(
+                (
+                    _MSG_TYPE_TOPIC,
+                    _STR_HEADS[len(topic)],
+                    topic,
+                    _MSG_ID_KEY,
+                    _STR_HEADS[len(msg_id)],
+                    msg_id,
+                    _PAYLOAD_KEY,
+                    payload_head,
+                )
             )
-        )
-        message.encoded_fields = 4 if headers is None else 5
+            message.encoded_fields = 4
+        else:
+            message.encoded = b"".join(
+                (
+                    _MSG_TYPE_TOPIC,
+                    _STR_HEADS[len(topic)] + topic,
+                    _MSG_ID_KEY,
+                    _packb(message.msg_id),
+                    b"" if headers is None else _HEADERS_KEY + _packb(headers),
+                    _PAYLOAD_KEY,
+                    payload_head,
+                )
+            )
+            message.encoded_fields = 4 if headers is None else 5
     return message.encoded, message.encoded_fields
 
 
