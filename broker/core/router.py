@@ -292,7 +292,26 @@ class Broker:
         counters.bytes_in += len(payload)
         peering = self.peering
         if not peering.active:
-            return self._route(topic, payload, headers, msg_id, msg_id)
+            # _route's common case, inlined (no peers, transient sessions only: see there)
+            targets = self.table.match(topic)
+            plan = self._plans.get(targets)
+            if (
+                plan is None
+                or plan is _DURABLE
+                or counters.messages_in >= self.hot.next_at
+                or self._until_sample == 1
+            ):
+                return self._route(topic, payload, headers, msg_id, msg_id, targets=targets)
+            self._until_sample -= 1
+            if not msg_id:
+                msg_id = f"{self._id_prefix}{next(self._msg_counter)}"
+            message = Message(topic, payload, headers, msg_id)
+            delivered = 0
+            for session, sub_id in plan:
+                delivered += session.deliver(message, sub_id)
+            counters.messages_out += delivered
+            counters.bytes_out += delivered * message.size
+            return None
         dests = peering.wanting(topic)
         if not dests:
             return self._route(topic, payload, headers, msg_id, msg_id)
@@ -327,9 +346,13 @@ class Broker:
         publisher_msg_id: str | None,
         message: Message | None = None,
         remote: bool = False,
+        targets: frozenset | None = None,
     ) -> DurableWork | None:
+        """Deliver to the sessions that want ``topic`` (``targets``, when the caller matched
+        it already); ``publish`` inlines the common case."""
         counters = self.counters
-        targets = self.table.match(topic)
+        if targets is None:
+            targets = self.table.match(topic)
         if counters.messages_in >= self.hot.next_at:  # a sample, now and then (hot.py)
             self.hot.sample(topic, targets, counters.messages_in)
         if not targets:
