@@ -491,9 +491,9 @@ def shared_fields(message: Message) -> tuple[bytes, int]:
         else:
             payload_head = b"\xc6" + size.to_bytes(4, "big")
         headers = message.headers
-        topic = message.topic.encode()  # (a topic is at most 250 bytes)
+        topic = message.topic.encode()
         msg_id = message.msg_id.encode()
-        if headers is None and len(msg_id) < 256:  # the common case, without a call
+        if headers is None and len(msg_id) < 256 and len(topic) < 256:  # the common case
             message.encoded = b"".join(
                 (
                     _MSG_TYPE_TOPIC,
@@ -511,7 +511,7 @@ def shared_fields(message: Message) -> tuple[bytes, int]:
             message.encoded = b"".join(
                 (
                     _MSG_TYPE_TOPIC,
-                    _STR_HEADS[len(topic)] + topic,
+                    _packb(message.topic),
                     _MSG_ID_KEY,
                     _packb(message.msg_id),
                     b"" if headers is None else _HEADERS_KEY + _packb(headers),
