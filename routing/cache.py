@@ -35,11 +35,29 @@ every miss only to drop it at the next sweep. The first change after a burst
 of puts indexes them all, once each.
 
 ``invalidated`` counts cached answers a subscription change altered, patched
-or dropped. When the cache holds more than ``max_entries`` topics it is
-swept: by default (``sweep_to=0``) emptied at once, which costs nothing and
-lets the hot topics of a Zipf-shaped stream come straight back; with
-``sweep_to > 0`` the oldest are dropped one by one until ``sweep_to`` remain
-(a batch sweep, as in nats-server), each leaving its buckets.
+or dropped. The cache holds at most ``max_entries`` topics. By default it
+keeps two generations (``sweep_to=None``): ``results``, the young one, takes
+every new answer, and once it holds half of ``max_entries`` it becomes the old
+one (``old``) and the previous old one is dropped at once; a topic found in
+the old generation moves back to the young one. So a hit is still one dict
+lookup, a topic asked for again within a generation survives the sweep, and
+on a Zipf-shaped stream with more distinct topics than entries (the wild-1k
+benchmark's ~59,000 topics in 200,000 publishes, 16,384 entries) the hit rate
+goes from 57% (emptied when full) to 61%, 67% with twice the entries. The
+built positions are emptied at a generation change and the surviving topics
+are pending again (dropping the others from their buckets one by one would
+cost a split and a bucket per position each), so a topic is indexed at most
+twice per generation it lives through, and only when a change needs it.
+``sweep_to=0`` empties the cache at once when full; ``sweep_to > 0`` drops
+the oldest one by one until ``sweep_to`` remain (a batch sweep, as in
+nats-server), each leaving its buckets.
+
+Equal answers are one object: a put or a patch interns its frozenset (many
+topics share an answer: ~530 distinct ones for the 59,000 topics above), which
+saves its ~200 bytes per topic and lets a caller that keys on the answer (the
+broker's delivery plans) find it by identity. The interned answers are
+forgotten at each generation change (or sweep), so they never outnumber the
+cached topics.
 """
 
 from __future__ import annotations
@@ -53,7 +71,8 @@ from routing.filters import NATIVE, STAR, Filter
 from routing.topics import MAX_LEVELS
 
 DEFAULT_MAX_ENTRIES: Final = 4096
-DEFAULT_SWEEP_TO: Final = 0
+#: None: two generations (see the module docstring); 0: emptied when full.
+DEFAULT_SWEEP_TO: Final[int | None] = None
 
 Result = frozenset[Hashable]
 # The cached topics holding one level text at one position. A dict used as a set: a dict
@@ -80,30 +99,41 @@ class MatchCache:
     """``topic -> frozenset`` of subscribers, bounded, exact through subscription changes."""
 
     __slots__ = (
+        "_answers",
         "_by_level",
         "_deepest",
         "_indexed",
         "_unindexed",
+        "_young_max",
         "clears",
         "evictions",
         "hits",
         "invalidated",
         "max_entries",
         "misses",
+        "old",
         "results",
         "sweep_to",
     )
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, sweep_to: int | None = None):
+    def __init__(
+        self, max_entries: int = DEFAULT_MAX_ENTRIES, sweep_to: int | None = DEFAULT_SWEEP_TO
+    ):
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
-        if sweep_to is None:
-            sweep_to = DEFAULT_SWEEP_TO
-        if not 0 <= sweep_to < max_entries:
+        if sweep_to is not None and not 0 <= sweep_to < max_entries:
             raise ValueError("sweep_to must be in [0, max_entries)")
+        if sweep_to is None and max_entries < 2:
+            sweep_to = 0  # no room for two generations
         self.max_entries = max_entries
         self.sweep_to = sweep_to
+        # Two generations when sweep_to is None, each at most half of max_entries; else
+        # the young one alone, up to max_entries. Disjoint: a topic is in one of them.
+        self._young_max = max_entries // 2 if sweep_to is None else max_entries
         self.results: dict[str, Result] = {}
+        self.old: dict[str, Result] = {}
+        # Each distinct answer once (see the module docstring).
+        self._answers: dict[Result, Result] = {}
         # _by_level[i]: level text -> the cached topics holding it at position i, or None
         # while no filter has needed position i; _indexed lists the (i, index) pairs built.
         self._by_level: list[dict[str, Bucket] | None] = [None] * MAX_LEVELS
@@ -119,27 +149,60 @@ class MatchCache:
         self.clears = 0
 
     def __len__(self) -> int:
-        return len(self.results)
+        return len(self.results) + len(self.old)
 
     def get(self, topic: str) -> Result | None:
         result = self.results.get(topic)
         if result is None:
-            self.misses += 1
-        else:
-            self.hits += 1
+            result = self.revive(topic)
+            if result is None:
+                self.misses += 1
+                return None
+        self.hits += 1
+        return result
+
+    def revive(self, topic: str) -> Result | None:
+        """The answer for ``topic`` if the old generation holds it, which moves it to the
+        young one; None otherwise. For the caller that looked in ``results`` already (a hit
+        there is one dict lookup); it counts the hit or the miss."""
+        old = self.old
+        if not old:
+            return None
+        result = old.pop(topic, None)
+        if result is not None:
+            results = self.results
+            if len(results) >= self._young_max:
+                self._next_generation()
+                self.results[topic] = result
+                self._unindexed.append(topic)  # (every young topic is pending now)
+            else:
+                results[topic] = result  # (pending or indexed already: it stays so)
         return result
 
     def put(self, topic: str, levels: Sequence[str], result: Result) -> None:
         """Cache ``result`` for ``topic`` (``levels`` are its levels, kept for the API)."""
+        answers = self._answers
+        result = answers.setdefault(result, result)
+        if len(answers) > self._young_max:  # (patches add answers too: keep them bounded)
+            self._answers = {result: result}
         results = self.results
-        if topic not in results:
-            self._unindexed.append(topic)
+        if topic in results:
+            results[topic] = result
+            return
+        # (a put without a look first may find the topic in the old generation)
+        pending = self.old.pop(topic, None) is None
+        if self.sweep_to is None and len(results) >= self._young_max:
+            self._next_generation()
+            results = self.results
+            pending = True  # every young topic is pending after a generation change
         results[topic] = result
+        if pending:
+            self._unindexed.append(topic)
         if len(results) > self.max_entries:
             self._sweep()
 
     def clear(self) -> None:
-        if self.results:
+        if self.results or self.old:
             self.clears += 1
         self._empty()
 
@@ -157,14 +220,19 @@ class MatchCache:
         found = self._affected(flt)
         if not found:
             return
-        results = self.results
+        results, old = self.results, self.old
+        answers = self._answers
         changed = 0
         for topic in found:
-            result = results[topic]
+            generation = results if topic in results else old
+            result = generation[topic]
             if subscriber not in result:
-                results[topic] = result | {subscriber}
+                patched = result | {subscriber}
+                generation[topic] = answers.setdefault(patched, patched)
                 changed += 1
         self.invalidated += changed
+        if len(answers) > self._young_max:
+            self._answers = {}
 
     def remove_subscriber(
         self,
@@ -181,20 +249,25 @@ class MatchCache:
         found = self._affected(flt)
         if not found:
             return
-        results = self.results
+        results, old = self.results, self.old
+        answers = self._answers
         changed = 0
         for topic in found:
-            result = results[topic]
+            generation = results if topic in results else old
+            result = generation[topic]
             if subscriber in result and (
                 still_wants is None or not still_wants(subscriber, topic.split("/"))
             ):
-                results[topic] = result - {subscriber}
+                patched = result - {subscriber}
+                generation[topic] = answers.setdefault(patched, patched)
                 changed += 1
         self.invalidated += changed
+        if len(answers) > self._young_max:
+            self._answers = {}
 
     def statistics(self) -> CacheStatistics:
         return CacheStatistics(
-            entries=len(self.results),
+            entries=len(self.results) + len(self.old),
             hits=self.hits,
             misses=self.misses,
             evictions=self.evictions,
@@ -208,14 +281,15 @@ class MatchCache:
         None when there is nothing to do: the cache is empty, or ``flt`` has no level
         to look up and the cache was emptied.
         """
-        results = self.results
-        if not results:
+        results, old = self.results, self.old
+        if not results and not old:
             return None
+        cached = len(results) + len(old)
         text = flt.text
         if flt.rest is None and ("*" if flt.dialect == NATIVE else "+") not in text:
             # No wildcard: it matches its own text only (an mqtt text holding `*` or `>`
             # is no topic). No index needed, but _forget expects the topic in the built ones.
-            if text not in results:
+            if text not in results and text not in old:
                 return []
             if self._unindexed:
                 self._index_pending()
@@ -238,7 +312,7 @@ class MatchCache:
                     best = bucket
                     if len(bucket) <= _FEW:
                         break
-        if best is None or len(best) * _NARROW > len(results):
+        if best is None or len(best) * _NARROW > cached:
             # The built positions do not narrow the search down: build the filter's
             # others, deepest first, until one does.
             for i in range(len(levels) - 1, -1, -1):
@@ -249,7 +323,7 @@ class MatchCache:
                         return []
                     if best is None or len(bucket) < len(best):
                         best = bucket
-                        if len(bucket) * _NARROW <= len(results):
+                        if len(bucket) * _NARROW <= cached:
                             break
         candidates: Bucket | list[str]
         if best is not None:
@@ -261,6 +335,7 @@ class MatchCache:
                 return None
             prefix: str = first.prefix  # type: ignore[union-attr]
             candidates = [topic for topic in results if topic.startswith(prefix)]
+            candidates += [topic for topic in old if topic.startswith(prefix)]
         matches = flt.matches_levels
         found = []
         for topic in candidates:  # a loop, not a comprehension: usually 0-2 candidates
@@ -271,15 +346,16 @@ class MatchCache:
     def _build(self, position: int) -> dict[str, Bucket]:
         """Index every cached topic (none pending) by its level at ``position``."""
         index: dict[str, Bucket] = {}
-        for topic in self.results:
-            levels = topic.split("/", position + 1)  # the levels after it stay joined
-            if len(levels) > position:
-                level = levels[position]
-                bucket = index.get(level)
-                if bucket is None:
-                    index[level] = {topic: None}
-                else:
-                    bucket[topic] = None
+        for generation in (self.results, self.old):
+            for topic in generation:
+                levels = topic.split("/", position + 1)  # the levels after it stay joined
+                if len(levels) > position:
+                    level = levels[position]
+                    bucket = index.get(level)
+                    if bucket is None:
+                        index[level] = {topic: None}
+                    else:
+                        bucket[topic] = None
         self._by_level[position] = index
         self._indexed.append((position, index))
         self._deepest = max(self._deepest, position)
@@ -303,17 +379,36 @@ class MatchCache:
                             bucket[topic] = None
         self._unindexed = []
 
-    def _empty(self) -> None:
-        """No topics; the positions built stay built, and empty."""
-        self.results = {}
-        self._unindexed = []
+    def _empty_indexes(self) -> None:
+        """The positions built stay built, and empty."""
         if self._indexed:
             self._indexed = [(position, {}) for position, _ in self._indexed]
             for position, index in self._indexed:
                 self._by_level[position] = index
 
+    def _empty(self) -> None:
+        """No topics, no answers kept."""
+        self.results = {}
+        self.old = {}
+        self._answers = {}
+        self._unindexed = []
+        self._empty_indexes()
+
+    def _next_generation(self) -> None:
+        """The young generation becomes the old one; the old one's topics are dropped, and
+        the answers interned so far forgotten (the cached ones stay shared)."""
+        self.evictions += len(self.old)
+        self.old = self.results
+        self.results = {}
+        self._answers = {}
+        if self._indexed:  # rebuilt from the survivors, when a change needs them
+            self._empty_indexes()
+            self._unindexed = list(self.old)
+        else:
+            self._unindexed = []  # (nothing built: _build reads the cached topics)
+
     def _sweep(self) -> None:
-        if self.sweep_to == 0:
+        if not self.sweep_to:  # (None cannot get here: a young generation stays in bounds)
             self.evictions += len(self.results)
             self._empty()
             return
@@ -323,10 +418,14 @@ class MatchCache:
         for topic in list(islice(self.results, excess)):
             self._forget(topic)
         self.evictions += excess
+        self._answers = {}
 
     def _forget(self, topic: str) -> None:
-        """Drop a topic (none pending) from the results and from its buckets."""
-        del self.results[topic]
+        """Drop a topic (none pending) from its generation and from its buckets."""
+        if topic in self.results:
+            del self.results[topic]
+        else:
+            del self.old[topic]
         if self._indexed:
             levels = topic.split("/", self._deepest + 1)
             depth = len(levels)

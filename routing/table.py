@@ -146,7 +146,7 @@ class SubscriptionTable:
         self._entries += 1
         self.generation += 1
         cache = self._cache
-        if cache is not None and cache.results:
+        if cache is not None and (cache.results or cache.old):
             cache.add_subscriber(flt, subscriber)
         return True
 
@@ -183,7 +183,7 @@ class SubscriptionTable:
                 by_subscriber[subscriber] = {held, flt}  # type: ignore[arg-type]
             insert(flt, subscriber)
             added += 1
-            if cache is not None and cache.results:
+            if cache is not None and (cache.results or cache.old):
                 cache.add_subscriber(flt, subscriber)
         self._entries += added
         self.generation += added
@@ -219,7 +219,7 @@ class SubscriptionTable:
         self._entries -= 1
         self.generation += 1
         cache = self._cache
-        if cache is not None and cache.results:
+        if cache is not None and (cache.results or cache.old):
             cache.remove_subscriber(flt, subscriber, self._wants)
         return True
 
@@ -239,6 +239,8 @@ class SubscriptionTable:
         if cache is not None:
             try:
                 result = cache.results.get(topic)
+                if result is None and cache.old:
+                    result = cache.revive(topic)  # the old generation (routing/cache.py)
             except TypeError:  # unhashable: split_topic below says what is wrong
                 result = None
             if result is not None:

@@ -24,6 +24,14 @@ its own (a dict costs 184-224 bytes, the node itself 88):
   are hashable, so never a dict; ``None`` is kept in a dict, since an empty
   slot is None.
 
+A walk that misses the match cache begins where the walk of its topic's
+first ``HEAD_LEVELS`` levels ended, kept by those levels (``_heads``: the
+topics of a hierarchy share few heads, ~40 in the ``beacon`` workload), so it
+visits only the nodes of its last levels: a cold match of a six-level topic
+over 10,000 filters takes 1.5 us instead of 1.95. Any insert or delete empties
+``_heads`` (a walk holds nodes and holders), and it keeps at most
+``MAX_HEADS`` walks.
+
 Removing the last reference prunes empty nodes and shrinks a dict of one
 back to the lone form, so an emptied trie has a single root node again.
 """
@@ -34,6 +42,10 @@ from collections.abc import Hashable, Sequence
 
 from routing.filters import STAR, Filter
 
+#: The levels of a topic whose walk ``collect`` keeps (see ``MatchTrie._heads``), and how
+#: many such walks it keeps (emptied when full).
+HEAD_LEVELS = 3
+MAX_HEADS = 4096
 #: What a holder slot keeps: a lone subscriber, or subscriber -> reference count.
 Holder = Hashable | dict[Hashable, int]
 
@@ -130,13 +142,20 @@ def _hold(holder: Holder | None, subscriber: Hashable) -> Holder:
 class MatchTrie:
     """Filters -> subscribers, answering "who wants this topic" by walking levels."""
 
-    __slots__ = ("_root", "nodes")
+    __slots__ = ("_heads", "_root", "nodes")
 
     def __init__(self) -> None:
         self._root = _Node()
         self.nodes = 1
+        # The walk of a topic's first HEAD_LEVELS levels, by those levels: (the nodes
+        # reached, the lone subscribers and the dicts of the holders met on the way). Most
+        # topics of a hierarchy share few heads (beacon/{region}/{country}: ~40), so a
+        # cold topic walks its last levels only. Emptied by every change of the trie.
+        self._heads: dict[tuple[str, ...], tuple[list[_Node], list, list]] = {}
 
     def insert(self, flt: Filter, subscriber: Hashable) -> None:
+        if self._heads:
+            self._heads = {}
         node = self._root
         for token in flt.levels:
             if token.__class__ is str:
@@ -183,6 +202,8 @@ class MatchTrie:
         ``a/#`` shares its slots with ``a`` and ``a/>``, so a subscriber holding both of
         those would pass for a holder of ``a/#`` too.
         """
+        if self._heads:
+            self._heads = {}
         path: list[tuple[_Node, object]] = []
         node: _Node | None = self._root
         for token in flt.levels:
@@ -243,47 +264,32 @@ class MatchTrie:
 
         A subscriber may appear more than once; the caller deduplicates.
         """
-        lone: list[Hashable] = []
-        dicts: list[dict[Hashable, int]] = []
-        root = self._root
         first = levels[0]
         if first[0] == "$":
             # System topic: only a literal first level or a `$` prefix (`$*`, `$SYS*`) may
             # match it; a non-empty prefix that fits `first` starts with `$`.
+            root = self._root
             child = _child(root.literal, first)
             nodes = [child] if child is not None else []
             if root.prefixes is not None:
                 _fitting(root.prefixes, first, nodes)
-            start = 1
+            lone: list[Hashable] = []
+            dicts: list[dict[Hashable, int]] = []
+            nodes = _descend(nodes, levels[1:], lone, dicts)
+        elif len(levels) > HEAD_LEVELS:  # the head's walk is known, or kept (``_heads``)
+            head = tuple(levels[:HEAD_LEVELS])
+            walked = self._heads.get(head)
+            if walked is None:
+                lone, dicts = [], []
+                walked = (_descend([self._root], head, lone, dicts), lone, dicts)
+                if len(self._heads) >= MAX_HEADS:
+                    self._heads = {}
+                self._heads[head] = walked
+            nodes, lone, dicts = walked[0], walked[1][:], walked[2][:]
+            nodes = _descend(nodes, levels[HEAD_LEVELS:], lone, dicts)
         else:
-            nodes = [root]
-            start = 0
-        for i in range(start, len(levels)):
-            if not nodes:
-                return lone, dicts
-            level = levels[i]
-            nxt: list[_Node] = []
-            for node in nodes:
-                holder = node.rest
-                if holder is not None:
-                    if holder.__class__ is dict:
-                        dicts.append(holder)  # type: ignore[arg-type]
-                    else:
-                        lone.append(holder)
-                literal = node.literal
-                if literal is not None:
-                    if literal.__class__ is _Node:
-                        if literal.key == level:  # type: ignore[union-attr]
-                            nxt.append(literal)  # type: ignore[arg-type]
-                    else:
-                        child = literal.get(level)  # type: ignore[union-attr]
-                        if child is not None:
-                            nxt.append(child)
-                if node.star is not None:
-                    nxt.append(node.star)
-                if node.prefixes is not None:
-                    _fitting(node.prefixes, level, nxt)
-            nodes = nxt
+            lone, dicts = [], []
+            nodes = _descend([self._root], levels, lone, dicts)
         for node in nodes:
             holder = node.exact
             if holder is not None:
@@ -292,6 +298,42 @@ class MatchTrie:
                 else:
                     lone.append(holder)
         return lone, dicts
+
+
+def _descend(
+    nodes: list[_Node],
+    levels: Sequence[str],
+    lone: list[Hashable],
+    dicts: list[dict[Hashable, int]],
+) -> list[_Node]:
+    """The nodes reached from ``nodes`` by ``levels``; the holders of a ``>`` met on the
+    way are appended to ``lone`` and ``dicts``."""
+    for level in levels:
+        if not nodes:
+            return nodes
+        nxt: list[_Node] = []
+        for node in nodes:
+            holder = node.rest
+            if holder is not None:
+                if holder.__class__ is dict:
+                    dicts.append(holder)  # type: ignore[arg-type]
+                else:
+                    lone.append(holder)
+            literal = node.literal
+            if literal is not None:
+                if literal.__class__ is _Node:
+                    if literal.key == level:  # type: ignore[union-attr]
+                        nxt.append(literal)  # type: ignore[arg-type]
+                else:
+                    child = literal.get(level)  # type: ignore[union-attr]
+                    if child is not None:
+                        nxt.append(child)
+            if node.star is not None:
+                nxt.append(node.star)
+            if node.prefixes is not None:
+                _fitting(node.prefixes, level, nxt)
+        nodes = nxt
+    return nodes
 
 
 def _fitting(prefixes: _Node | dict[str, _Node], level: str, into: list[_Node]) -> None:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import trio
 
+import routing
 from broker.client import BrokerError, connect
+from broker.core.router import Broker
+from broker.core.session import Session
 from broker.server import Server
+from broker.wire.codec import append_msg, decode_frame
 from tests.conftest import running_broker
 from tests.streams import quiet, take
 
@@ -232,3 +236,43 @@ def test_recent_ids_forget_the_oldest_beyond_the_window() -> None:
     assert ids.seen("d") is False  # "a" is forgotten now
     assert ids.seen("a") is False
     assert len(ids) == 3
+
+
+def _sent(session: Session) -> list[tuple[str, int]]:
+    """(topic, sub) of each MSG queued for ``session``, taken off its queue."""
+    data, _ = session.take_batch(append_msg)
+    sent = []
+    while data:
+        size = int.from_bytes(data[:4], "big")
+        frame = decode_frame(data[4 : 4 + size])
+        sent.append((frame.topic, frame.sub))
+        data = data[4 + size :]
+    return sent
+
+
+async def test_delivery_plans_follow_every_subscription_change() -> None:
+    """The router keeps how it delivers each match answer (``Broker._plans``); a change of
+    subscriptions that leaves the answer equal (a second id for the same filter, the first
+    id dropped) still changes the MSG's sub, and a closed session gets nothing more."""
+    broker = Broker()
+    one, two = broker.open_session("one"), broker.open_session("two")
+    first = broker.subscribe(one, routing.parse_filter("a/>"))
+    broker.subscribe(two, routing.parse_filter("a/*"))
+    broker.publish("a/b", b"1")
+    assert _sent(one) == [("a/b", first)]
+    second = broker.subscribe(one, routing.parse_filter("a/>"))  # same entry, second id
+    broker.publish("a/b", b"2")
+    assert _sent(one) == [("a/b", first)]
+    assert broker.unsubscribe(one, first)  # the entry stays, named by its second id now
+    broker.publish("a/b", b"3")
+    assert _sent(one) == [("a/b", second)]
+    assert broker.unsubscribe_many(one, [second]) == [True]
+    broker.publish("a/b", b"4")
+    assert _sent(one) == []
+    assert _sent(two) == [("a/b", 1)] * 4
+    broker.subscribe_many(one, [routing.parse_filter("a/b")])
+    broker.publish("a/b", b"5")
+    assert len(_sent(one)) == len(_sent(two)) == 1
+    broker.close_session(two)
+    broker.publish("a/b", b"6")
+    assert _sent(two) == [] and len(_sent(one)) == 1

@@ -92,8 +92,8 @@ def test_bad_bounds_are_refused() -> None:
         MatchCache(10, sweep_to=10)
 
 
-def test_default_sweep_empties_the_cache_in_one_step() -> None:
-    cache = MatchCache(max_entries=4)
+def test_sweep_to_zero_empties_the_cache_in_one_step() -> None:
+    cache = MatchCache(max_entries=4, sweep_to=0)
     for i in range(5):
         cache.put(f"t/{i}", ["t", str(i)], frozenset())
     assert len(cache) == 0
@@ -181,7 +181,7 @@ def test_topics_cached_after_a_change_are_indexed_at_the_next() -> None:
 
 
 def test_positions_stay_indexed_after_the_cache_is_emptied() -> None:
-    cache = MatchCache(max_entries=4)
+    cache = MatchCache(max_entries=4, sweep_to=0)
     for i in range(4):
         cache.put(f"t/{i}", ["t", str(i)], frozenset())
     cache.invalidate(parse_filter("*/2"))  # indexes position 1
@@ -205,3 +205,91 @@ def test_one_by_one_sweep_leaves_the_index_consistent() -> None:
     cache.add_subscriber(parse_filter("*/*/x"), "s2")
     assert sorted(cache.results) == sorted(f"t/{i}/x" for i in range(12, 20))
     assert all(cache.results[t] == {"s2"} for t in cache.results)
+
+
+# -- two generations (the default) ------------------------------------------------------------
+
+
+def put(cache: MatchCache, topic: str, result: frozenset = frozenset()) -> None:
+    cache.put(topic, topic.split("/"), result)
+
+
+def test_a_full_young_generation_becomes_the_old_one() -> None:
+    cache = MatchCache(max_entries=4)  # two generations of two
+    for i in range(3):
+        put(cache, f"t/{i}")
+    assert (set(cache.results), set(cache.old)) == ({"t/2"}, {"t/0", "t/1"})
+    put(cache, "t/3")
+    put(cache, "t/4")  # the young one is full again: t/0 and t/1 are dropped
+    assert (set(cache.results), set(cache.old)) == ({"t/4"}, {"t/2", "t/3"})
+    assert len(cache) == 3
+    assert cache.statistics().evictions == 2
+
+
+def test_a_topic_asked_for_again_moves_back_to_the_young_generation() -> None:
+    cache = MatchCache(max_entries=4)
+    for i in range(3):
+        put(cache, f"t/{i}", frozenset({i}))
+    assert cache.get("t/0") == {0}  # a hit in the old generation
+    assert (set(cache.results), set(cache.old)) == ({"t/2", "t/0"}, {"t/1"})
+    put(cache, "t/3")  # the young one was full: t/1 goes, t/2 and t/0 are old now
+    assert (set(cache.results), set(cache.old)) == ({"t/3"}, {"t/2", "t/0"})
+    assert cache.get("t/1") is None
+    stats = cache.statistics()
+    assert (stats.hits, stats.misses, stats.entries) == (1, 1, 3)
+
+
+def test_a_revived_topic_that_starts_a_generation_is_indexed_again() -> None:
+    cache = MatchCache(max_entries=4)
+    for i in range(4):
+        put(cache, f"t/{i}/x")
+    cache.add_subscriber(parse_filter("t/*/x"), "s")  # indexes both generations
+    assert cache._indexed
+    assert cache.get("t/0/x") == {"s"}  # from the old generation into a full young one
+    assert set(cache.results) == {"t/0/x"}
+    cache.add_subscriber(parse_filter("t/*/x"), "s2")  # through the positions built
+    assert cache.results["t/0/x"] == {"s", "s2"}
+    cache.invalidate(parse_filter("t/*/x"))
+    assert len(cache) == 0
+
+
+def test_changes_reach_both_generations() -> None:
+    cache = MatchCache(max_entries=8)
+    for topic in TOPICS[:6]:
+        put(cache, topic, frozenset({topic}))
+    assert cache.old and cache.results
+    cache.add_subscriber(parse_filter("a/*/c"), "new")
+    patched = {"a/b/c", "a/x/c", "a/bc/c"}
+    for topic in TOPICS[:6]:
+        answer = cache.results.get(topic) or cache.old[topic]
+        assert answer == ({topic, "new"} if topic in patched else {topic}), topic
+    cache.remove_subscriber(parse_filter("a/*/c"), "new")
+    cache.invalidate(parse_filter("a/>"))
+    assert set(cache.results) | set(cache.old) == {"a", "b/b/c"}
+
+
+def test_equal_answers_are_one_object() -> None:
+    cache = MatchCache(max_entries=8)
+    put(cache, "a/b", frozenset({"s"}))
+    put(cache, "a/c", frozenset({"s"}))
+    assert cache.results["a/b"] is cache.results["a/c"]
+    cache.add_subscriber(parse_filter("a/*"), "t")
+    assert cache.results["a/b"] is cache.results["a/c"] == {"s", "t"}
+
+
+def test_a_cache_of_one_entry_is_emptied_when_full() -> None:
+    cache = MatchCache(max_entries=1)
+    put(cache, "a")
+    put(cache, "b")
+    assert len(cache) == 0 and cache.sweep_to == 0
+
+
+def test_a_put_of_an_old_topic_that_starts_a_generation_is_indexed_again() -> None:
+    cache = MatchCache(max_entries=4)
+    for i in range(4):
+        put(cache, f"t/{i}/x")
+    cache.add_subscriber(parse_filter("t/*/x"), "s")  # indexes both generations
+    put(cache, "t/0/x", frozenset({"s0"}))  # an old topic, put into a full young generation
+    assert (set(cache.results), set(cache.old)) == ({"t/0/x"}, {"t/2/x", "t/3/x"})
+    cache.add_subscriber(parse_filter("t/*/x"), "s2")  # through the positions built
+    assert cache.results["t/0/x"] == {"s0", "s2"}

@@ -3,11 +3,12 @@
 The model is a set of (filter, dialect, subscriber) entries matched with the
 regex reference in tests/reference.py. Filters and topics come from a tiny
 alphabet so wildcards, prefixes, the `$` rule and `#`-matches-parent really
-collide. A small cache size makes sweeps happen; the invariant checks that
-every cached answer equals a fresh uncached walk. The variants keep the cache
-warm across many changes (a larger cache, and a rule that matches every topic
-seen so far), sweep it one topic at a time, or have the table ask its trie
-whether an unsubscribed subscriber still wants a cached topic.
+collide. A small cache size makes its generations turn over; the invariant
+checks that every cached answer, in either generation, equals a fresh
+uncached walk. The variants keep the cache warm across many changes (a larger
+cache, and a rule that matches every topic seen so far), empty it when full,
+sweep it one topic at a time, or have the table ask its trie whether an
+unsubscribed subscriber still wants a cached topic.
 """
 
 from __future__ import annotations
@@ -209,8 +210,9 @@ class TableModel(RuleBasedStateMachine):
         cache = self.table._cache
         if cache is None:
             return
-        assert len(cache.results) <= cache.max_entries
-        for topic, result in cache.results.items():
+        assert len(cache) <= cache.max_entries
+        assert not cache.results.keys() & cache.old.keys()  # a topic is in one generation
+        for topic, result in (*cache.results.items(), *cache.old.items()):
             assert result == self.table.match_uncached(topic), topic
 
     @invariant()
@@ -220,11 +222,12 @@ class TableModel(RuleBasedStateMachine):
         if cache is None:
             return
         pending = set(cache._unindexed)
-        assert len(pending) == len(cache._unindexed) and pending <= cache.results.keys()
+        cached = cache.results.keys() | cache.old.keys()
+        assert len(pending) == len(cache._unindexed) and pending <= cached
         for position, index in cache._indexed:
             assert cache._by_level[position] is index
             expected: dict[str, set[str]] = {}
-            for topic in cache.results.keys() - pending:
+            for topic in cached - pending:
                 levels = topic.split("/")
                 if len(levels) > position:
                     expected.setdefault(levels[position], set()).add(topic)
@@ -239,6 +242,14 @@ class TableModelWarmCache(TableModel):
     """A cache that holds every topic drawn: answers live through many changes."""
 
     cache_size = 256
+
+
+class TableModelEmptiedWhenFull(TableModel):
+    """The cache is emptied at once when full, instead of keeping two generations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table._cache = MatchCache(8, sweep_to=0)
 
 
 class TableModelSweepOneByOne(TableModel):
@@ -271,6 +282,10 @@ TestTableModelWithoutCache.settings = settings(
 )
 TestTableModelWarmCache = TableModelWarmCache.TestCase
 TestTableModelWarmCache.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
+TestTableModelEmptiedWhenFull = TableModelEmptiedWhenFull.TestCase
+TestTableModelEmptiedWhenFull.settings = settings(
+    max_examples=75, stateful_step_count=40, deadline=None
+)
 TestTableModelSweepOneByOne = TableModelSweepOneByOne.TestCase
 TestTableModelSweepOneByOne.settings = settings(
     max_examples=75, stateful_step_count=40, deadline=None

@@ -35,7 +35,7 @@ class Message:
         self.msg_id = msg_id
         self.size = len(payload)
         # A front end's encoding of the fields every delivery shares, and how many there are.
-        self.encoded: memoryview | None = None
+        self.encoded: bytes | None = None
         self.encoded_fields = 0
         self.routed_at = 0.0  # trio time it was routed, for a sampled message; else 0.0
 

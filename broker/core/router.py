@@ -41,6 +41,11 @@ WORST_DROPPING = 5  # sessions STATS names as the ones that dropped most
 #: One routed message in this many carries its routing time (``Message.routed_at``) for the
 #: publish-to-delivery latency histogram: timing every one would cost fan-out throughput.
 LATENCY_SAMPLE_EVERY = 64
+#: Delivery plans kept (``Broker._plans``): distinct match answers, not topics, so a few
+#: hundred cover a stream of tens of thousands of topics; emptied when full.
+PLANS_MAX = 4096
+#: The plan of an answer that reaches a durable session: routed the long way.
+_DURABLE: Any = ()
 
 
 class Broker:
@@ -74,6 +79,10 @@ class Broker:
         self.latency_sample_every = LATENCY_SAMPLE_EVERY
         self.delivery_latency = Histogram()
         self._until_sample = self.latency_sample_every
+        # Match answer -> its delivery plan: ((session, sub id), ...) each session once,
+        # when every session in it is transient, else _DURABLE. Emptied by every change of
+        # the subscriptions (sub ids and sessions change only then), and when full.
+        self._plans: dict[frozenset, tuple[tuple[Session, int], ...]] = {}
         # The peer mesh, once the broker is served with one (broker.server attaches it).
         self.peering: Mesh = NullMesh()
         # The last report of each bridge (reports.py): in the table, in no registry, and
@@ -178,6 +187,7 @@ class Broker:
         session = self.registry.durable.pop(client_id, None)
         if session is not None:
             session.durable = False
+            self._plans.clear()
             if session is not requester:
                 holder = session.connection
                 if holder is not None:
@@ -187,6 +197,7 @@ class Broker:
         return dropped or session is not None
 
     def close_session(self, session: Session) -> None:
+        self._plans.clear()
         peering = self.peering if self.peering.active else None
         for ref in list(session.refs.values()):
             self.table.remove(ref.filter, ref, ref.dialect)
@@ -201,6 +212,7 @@ class Broker:
     def subscribe(self, session: Session, filter: routing.Filter) -> int:
         """Returns the subscription id; ``filter`` was parsed (and so checked) by the caller."""
         sub_id, ref, is_new = session.subscribe(filter.text, filter.dialect)
+        self._plans.clear()
         if is_new:
             self.table.add(filter, ref)
             if self.peering.active:
@@ -211,6 +223,7 @@ class Broker:
     def subscribe_many(self, session: Session, filters: list[routing.Filter]) -> list[int]:
         """``subscribe`` for each filter in order (a client's pipelined SUBs); their ids."""
         sub_ids, new = session.subscribe_many(filters)
+        self._plans.clear()
         if new:
             self.table.add_many(new)
             if self.peering.active:
@@ -221,6 +234,7 @@ class Broker:
 
     def unsubscribe_many(self, session: Session, sub_ids: list[int]) -> list[bool]:
         """``unsubscribe`` for each id in order (a client's pipelined UNSUBs)."""
+        self._plans.clear()
         found = []
         append = found.append
         session_unsubscribe = session.unsubscribe
@@ -241,6 +255,7 @@ class Broker:
         return found
 
     def unsubscribe(self, session: Session, sub_id: int) -> bool:
+        self._plans.clear()
         dropped = session.unsubscribe(sub_id)
         if dropped is None:
             return False
@@ -277,7 +292,26 @@ class Broker:
         counters.bytes_in += len(payload)
         peering = self.peering
         if not peering.active:
-            return self._route(topic, payload, headers, msg_id, msg_id)
+            # _route's common case, inlined (no peers, transient sessions only: see there)
+            targets = self.table.match(topic)
+            plan = self._plans.get(targets)
+            if (
+                plan is None
+                or plan is _DURABLE
+                or counters.messages_in >= self.hot.next_at
+                or self._until_sample == 1
+            ):
+                return self._route(topic, payload, headers, msg_id, msg_id, targets=targets)
+            self._until_sample -= 1
+            if not msg_id:
+                msg_id = f"{self._id_prefix}{next(self._msg_counter)}"
+            message = Message(topic, payload, headers, msg_id)
+            delivered = 0
+            for session, sub_id in plan:
+                delivered += session.deliver(message, sub_id)
+            counters.messages_out += delivered
+            counters.bytes_out += delivered * message.size
+            return None
         dests = peering.wanting(topic)
         if not dests:
             return self._route(topic, payload, headers, msg_id, msg_id)
@@ -312,34 +346,37 @@ class Broker:
         publisher_msg_id: str | None,
         message: Message | None = None,
         remote: bool = False,
+        targets: frozenset | None = None,
     ) -> DurableWork | None:
+        """Deliver to the sessions that want ``topic`` (``targets``, when the caller matched
+        it already); ``publish`` inlines the common case."""
         counters = self.counters
-        targets = self.table.match(topic)
+        if targets is None:
+            targets = self.table.match(topic)
         if counters.messages_in >= self.hot.next_at:  # a sample, now and then (hot.py)
             self.hot.sample(topic, targets, counters.messages_in)
         if not targets:
             if not remote:
                 counters.messages_unrouted += 1
             return None
-        if len(targets) == 1:  # the common case, when it needs nothing of the store
-            (ref,) = targets
-            session = ref.session
-            if not session.durable:
-                if message is None:
-                    message = Message(topic, payload, headers, msg_id or self.next_msg_id())
-                self._until_sample -= 1
-                if not self._until_sample:
-                    self._sample(message)
-                if session.deliver(message, ref.sub_id):
-                    counters.messages_out += 1
-                    counters.bytes_out += message.size
-                return None
-        # session -> the sub id its MSG names (sessions hash by identity: no tuple, no id())
-        sessions: dict[Session, int] = {}
-        for ref in targets:
-            session = ref.session
-            if session not in sessions:
-                sessions[session] = ref.sub_id
+        plan = self._plans.get(targets)
+        if plan is None:
+            plan = self._plan(targets)
+        if plan is not _DURABLE:  # transient sessions only: nothing for the store
+            if message is None:
+                if not msg_id:
+                    msg_id = f"{self._id_prefix}{next(self._msg_counter)}"
+                message = Message(topic, payload, headers, msg_id)
+            self._until_sample -= 1
+            if not self._until_sample:
+                self._sample(message)
+            delivered = 0
+            for session, sub_id in plan:
+                delivered += session.deliver(message, sub_id)
+            counters.messages_out += delivered
+            counters.bytes_out += delivered * message.size
+            return None
+        sessions = _sessions(targets)
         config = self.config
         size = len(payload)
         if config.overflow == "reject-publish":
@@ -387,6 +424,18 @@ class Broker:
         if durable is None or self.store is None:
             return None
         return DurableWork(message, durable, publisher_msg_id, trims)
+
+    def _plan(self, targets: frozenset) -> tuple[tuple[Session, int], ...]:
+        """The delivery plan of a match answer (see ``_plans``), made and kept."""
+        sessions = _sessions(targets)
+        plan = _DURABLE
+        if not any(session.durable for session in sessions):
+            plan = tuple(sessions.items())
+        plans = self._plans
+        if len(plans) >= PLANS_MAX:
+            plans.clear()
+        plans[targets] = plan
+        return plan
 
     def _sample(self, message: Message) -> None:
         """Stamp ``message`` for the latency histogram (one routed in ``latency_sample_every``)."""
@@ -453,6 +502,17 @@ class Broker:
                 "deliveries": store.deliveries,
             }
         return snapshot
+
+
+def _sessions(targets: frozenset) -> dict[Session, int]:
+    """Session -> the sub id its MSG names, for the subscriptions in a match answer (a
+    session holding several matching filters gets the message once)."""
+    sessions: dict[Session, int] = {}  # (sessions hash by identity: no tuple, no id())
+    for ref in targets:
+        session = ref.session
+        if session not in sessions:
+            sessions[session] = ref.sub_id
+    return sessions
 
 
 __all__ = ["Broker", "DurableWork", "QuotaExceeded", "RecentIds"]

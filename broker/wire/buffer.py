@@ -130,15 +130,17 @@ class FrameBuffer:
         if start == scan:
             body = self.next_frame()  # no whole frame: None, or the error that is due
             return [] if body is None else [body]
-        data = self._data
         bodies: list[bytes] = []
         append = bodies.append
-        while start < scan:
-            if limit and len(bodies) == limit:
-                break
-            body_start = start + LENGTH_PREFIX
-            start = body_start + _read_length(data, start)[0]
-            append(bytes(data[body_start:start]))
+        # Each body is copied once, out of a view (slicing the bytearray would copy it
+        # twice); the view is released before the buffer may change size again.
+        with memoryview(self._data) as data:
+            while start < scan:
+                if limit and len(bodies) == limit:
+                    break
+                body_start = start + LENGTH_PREFIX
+                start = body_start + _read_length(data, start)[0]
+                append(data[body_start:start].tobytes())
         self._start = start
         self._compact()
         return bodies
@@ -148,9 +150,10 @@ class FrameBuffer:
         data = self._data
         end = len(data)
         scan = self._scan
+        max_frame = self.max_frame
         while scan + LENGTH_PREFIX <= end:
-            size = int.from_bytes(data[scan : scan + LENGTH_PREFIX], "big")
-            if size == 0 or size > self.max_frame:
+            size = _read_length(data, scan)[0]
+            if size == 0 or size > max_frame:
                 if size == 0:
                     self._error = RemoteProtocolError(ErrorCode.BAD_FRAME, "zero-length frame")
                 else:

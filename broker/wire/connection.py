@@ -269,12 +269,10 @@ class Connection:
                         append(NEED_DATA)
                     return events
                 for i, body in enumerate(bodies):
-                    if self.state is not OPEN:  # a closing ERROR came: drop what follows
-                        break
                     build = None
                     if fast:  # a server's PUB, SUB, UNSUB: _receive's fast paths, inlined
                         try:
-                            wire = _unpackb(body, raw=False, strict_map_key=True, use_list=True)
+                            wire = _unpackb(body)  # (raw=False, strict_map_key, use_list)
                         except Exception:  # _receive says what is wrong
                             wire = None
                         if wire.__class__ is dict:
@@ -282,6 +280,7 @@ class Connection:
                             if wire_type.__class__ is str:
                                 build = fast.get(wire_type)
                     try:
+                        # (a fast path's frame leaves the state OPEN: only _receive's may not)
                         event = receive(body) if build is None else build(wire)
                     except RemoteProtocolError as exc:
                         if exc.closes_connection:
@@ -296,10 +295,13 @@ class Connection:
                             return events  # (the frames after it are dropped)
                         append(exc)
                         continue
-                    if self.state is not OPEN and events:  # a closing ERROR frame: likewise
-                        self.state = OPEN
-                        self._held = bodies[i:]
-                        return events
+                    if build is None and self.state is not OPEN:  # a closing ERROR frame
+                        if events:  # likewise
+                            self.state = OPEN
+                            self._held = bodies[i:]
+                            return events
+                        append(event)
+                        break  # (the frames after it are dropped)
                     append(event)
                 if max_frames and len(events) >= max_frames:
                     return events  # the caller's turn is up: it calls again
