@@ -9,9 +9,16 @@ come from ``apt-get install mosquitto nats-server``; a benchmark says "not insta
 skips a missing one). Each kind is spoken to with the lean clients of
 bench/harness/clients in its own protocol (``PROTOCOL``).
 
-- ``topiary``: ``python -m broker.cli serve`` through bench/harness/processes.py (JSON log,
-  default settings: per connection at most 10,000 messages / 16 MiB queued, then drops,
-  counted).
+- ``topiary``: ``python -m broker.cli serve`` through bench/harness/processes.py (JSON log)
+  with ``--config FILE``::
+
+      [limits]
+      outbound_messages = 1000000     # per connection (default 10,000), then drops, counted
+      outbound_bytes = 268435456      # 256 MiB queued per connection, as NATS' max_pending
+      slow_consumer_drops = 1000000
+
+  so that a subscriber slower than the publisher is queued for, not dropped, as the peers
+  below are (a broker that dropped is "not comparable" in the tables).
 - ``mosquitto`` (2.0.x): ``mosquitto -c FILE`` with a config written into a temporary
   directory::
 
@@ -93,6 +100,12 @@ log_type warning
 log_type notice
 connection_messages false
 """
+TOPIARY_CONFIG: Final = """\
+[limits]
+outbound_messages = 1000000
+outbound_bytes = 268435456
+slow_consumer_drops = 1000000
+"""
 NATS_CONFIG: Final = """\
 listen: {host}:{port}
 max_pending: 268435456
@@ -164,8 +177,15 @@ def start(kind: str, log_dir: Path, label: str) -> RunningBroker:
     ``log_dir/label.log``; BenchError if it is not installed, exits or stays silent."""
     log_path = log_dir / f"{label}.log"
     if kind == "topiary":
-        broker = start_broker(log_path)
-        return RunningBroker(kind, broker.port, broker.popen, log_path, broker.log_file)
+        config_dir = Path(tempfile.mkdtemp(prefix="topiary-bench-topiary-"))
+        config = config_dir / "topiary.toml"
+        config.write_text(TOPIARY_CONFIG)
+        try:
+            broker = start_broker(log_path, config=config)
+        except BaseException:
+            shutil.rmtree(config_dir, ignore_errors=True)
+            raise
+        return RunningBroker(kind, broker.port, broker.popen, log_path, broker.log_file, config_dir)
     path = program(kind)
     if path is None:
         raise BenchError(f"{kind} is not installed ({INSTALL_HINT})")
