@@ -1,0 +1,585 @@
+"""Bytes in, packets out: the MQTT decoder for either end of a connection.
+
+Operations:
+  - ``receive_data(data)`` appends what the transport read (b"" is ignored: EOF is the
+    caller's business, and a connection closed mid-packet simply ends).
+  - ``next_packet()`` returns the next whole packet, or None while more bytes are needed.
+
+Goal: work linear in the bytes received. Plan (as ``broker/wire/buffer.py``): one
+``bytearray`` plus ``_pos``, the first byte not handed out; the consumed front is dropped when
+it is the whole buffer (free) or at least half of it and over ``COMPACT_AT`` bytes.
+
+Limit: ``receive_data`` reads the fixed header of every packet in what it is given, as soon
+as the Remaining Length is there, and refuses a packet bigger than ``max_packet`` bytes (fixed
+header included, as 5.0's Maximum Packet Size counts) *before* keeping its body: the bad
+header and everything after it is dropped. So the buffer holds at most the whole packets fed
+so far plus one partial packet of at most ``max_packet`` bytes. The error itself
+(PACKET_TOO_LARGE, or MALFORMED_PACKET for a Remaining Length over 4 bytes) is raised by
+``next_packet`` once the packets before it were handed out.
+
+Errors: every problem with the input raises ``MqttError``, and only that; after one, every
+call to ``next_packet`` raises it again, since the stream can no longer be trusted.
+
+Versions: a server-side decoder reads the first packet, which must be CONNECT, in any version
+(3 "MQIsdp", 4 and 5 "MQTT"), and from then on reads the layout of the CONNECT's level,
+kept in ``protocol_level``. A client-side decoder is told the level. While a CONNECT is being
+checked, ``protocol_level`` is set as soon as its (supported) level is read, so that after an
+error in the rest of the CONNECT the front end knows which CONNACK to answer with; when it
+stays None the level itself was refused (UNSUPPORTED_PROTOCOL_VERSION), and a 3.1.1 CONNACK
+with V3_UNACCEPTABLE_PROTOCOL_VERSION is the answer every version understands.
+
+What is checked (spec sections are 5.0's, 3.1.1 agrees unless said): everything the spec calls
+a Malformed Packet or a Protocol Error that can be seen in one packet without session state:
+packet type and direction, reserved flag bits (2.1.3), QoS 3 (3.3.1.2), DUP with QoS 0 (5.0
+only: 3.1.1 lets the receiver ignore it), Packet Identifier 0 (2.2.1), UTF-8 strings (1.5.4),
+CONNECT's protocol name, level, reserved bit and Will/password flags (3.1.2), property rules
+(``properties``), subscription options (3.8.3.1), empty SUBSCRIBE/UNSUBSCRIBE, reason codes
+each packet may carry (``reasons``), a Remaining Length that does not match the content, a
+second CONNECT, a Subscription Identifier in a PUBLISH from a client (3.3.4), an empty topic
+without a Topic Alias, and ``+``/``#`` in a PUBLISH or Will topic (TOPIC_NAME_INVALID).
+
+Left to the front end, which has the state or the routing rules: topic and filter syntax
+(levels, wildcard placement, length, ``$share``, No Local on shared subscriptions), Topic
+Alias above the negotiated maximum, Client Identifier rules, Receive Maximum, packet
+identifiers in use, a Session Expiry Interval in DISCONNECT after 0 in CONNECT, and a
+Payload Format Indicator of 1 with a payload that is not UTF-8.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from broker.mqtt import packets as p
+from broker.mqtt import reasons as r
+from broker.mqtt.errors import MqttError
+from broker.mqtt.packets import Packet, Properties
+from broker.mqtt.properties import decode_properties
+from broker.mqtt.wire import MAX_VARINT, read_binary, read_string, read_varint
+
+__all__ = ["COMPACT_AT", "DEFAULT_MAX_PACKET", "Decoder"]
+
+#: Default limit on a packet's size, fixed header included (1 MiB, as the native protocol).
+DEFAULT_MAX_PACKET = 1 << 20
+#: Compact once this many consumed bytes sit at the front (and they are half the buffer).
+COMPACT_AT = 1 << 16
+# Payloads at least this long are copied out through a memoryview (one copy, not two).
+_VIEW_AT = 4096
+
+_unpack_H = struct.Struct(">H").unpack_from
+_MALFORMED = r.MALFORMED_PACKET
+_PROTOCOL = r.PROTOCOL_ERROR
+_NAMES = p.PACKET_NAMES
+# The flags (low nibble of the first byte) every packet type but PUBLISH must have (2.1.3).
+_FLAGS = (0, 0, 0, None, 0, 0, 2, 0, 2, 0, 2, 0, 0, 0, 0, 0)
+_SERVER_RECEIVES = frozenset(
+    {p.PUBLISH, p.PUBACK, p.PUBREC, p.PUBREL, p.PUBCOMP, p.SUBSCRIBE, p.UNSUBSCRIBE}
+    | {p.PINGREQ, p.DISCONNECT, p.AUTH}
+)
+_CLIENT_RECEIVES = frozenset(
+    {p.CONNACK, p.PUBLISH, p.PUBACK, p.PUBREC, p.PUBREL, p.PUBCOMP, p.SUBACK, p.UNSUBACK}
+    | {p.PINGRESP, p.DISCONNECT, p.AUTH}
+)
+_PROTOCOL_NAMES = {3: "MQIsdp", 4: "MQTT", 5: "MQTT"}
+
+
+class Decoder:
+    """Cuts a byte stream into MQTT packets for one end of a connection; see the module
+    docstring. ``server=True`` reads what a client sends (CONNECT first); ``server=False``
+    reads what a server sends and needs ``protocol_level``. ``max_packet`` may be lowered
+    later (e.g. to the negotiated Maximum Packet Size) and applies to headers not read yet."""
+
+    __slots__ = (
+        "_buf",
+        "_connected",
+        "_error",
+        "_error_at",
+        "_pos",
+        "_receives",
+        "_scan",
+        "max_packet",
+        "protocol_level",
+        "server",
+    )
+
+    def __init__(
+        self,
+        *,
+        server: bool = True,
+        max_packet: int = DEFAULT_MAX_PACKET,
+        protocol_level: int | None = None,
+    ) -> None:
+        if not 2 <= max_packet <= MAX_VARINT + 5:
+            raise ValueError(f"max_packet must be in 2..{MAX_VARINT + 5}, got {max_packet}")
+        if protocol_level not in (None, 3, 4, 5):
+            raise ValueError(f"protocol_level must be 3, 4 or 5, got {protocol_level}")
+        if not server and protocol_level is None:
+            raise ValueError("a client-side Decoder needs the protocol_level it connected with")
+        self.server = server
+        self.max_packet = max_packet
+        #: The protocol level in use (3, 4 or 5), or None before the CONNECT (server side).
+        self.protocol_level = protocol_level
+        self._receives = _SERVER_RECEIVES if server else _CLIENT_RECEIVES
+        self._connected = not server
+        self._buf = bytearray()
+        self._pos = 0
+        # Start of the first packet whose header is unread or whose body is incomplete.
+        self._scan = 0
+        # An error found in the stream: raised once _pos reaches _error_at, then forever.
+        self._error: MqttError | None = None
+        self._error_at = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held and not handed out yet."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes) -> None:
+        """Append received bytes and check the size of every packet they start."""
+        if not data or self._error is not None:
+            return  # nothing to add, or the stream is broken: keep nothing more
+        self._buf += data
+        self._check_headers()
+
+    def next_packet(self) -> Packet | None:
+        """The next whole packet, or None when more bytes are needed; raises MqttError."""
+        pos = self._pos
+        if pos == self._scan:
+            if self._error is not None and pos >= self._error_at:
+                raise self._error
+            return None
+        buf = self._buf
+        first = buf[pos]
+        length = buf[pos + 1]
+        start = pos + 2
+        if length & 0x80:  # a longer Remaining Length, already checked by _check_headers
+            length &= 0x7F
+            shift = 7
+            while True:
+                byte = buf[start]
+                start += 1
+                length |= (byte & 0x7F) << shift
+                if byte < 0x80:
+                    break
+                shift += 7
+        end = start + length
+        try:
+            if first >> 4 == p.PUBLISH and self._connected:
+                packet: Packet = self._publish(first, buf, start, end)
+            else:
+                packet = self._other(first, buf, start, end)
+        except MqttError as exc:
+            self._fail(exc, pos)
+            raise
+        except (IndexError, ValueError, struct.error) as exc:  # a bug here; never the peer's
+            error = MqttError(_MALFORMED, f"{_NAMES[first >> 4]}: decoder bug: {exc!r}")
+            self._fail(error, pos)
+            raise error from exc
+        self._pos = end
+        if end == len(buf):
+            buf.clear()
+            self._pos = self._scan = self._error_at = 0
+        elif end >= COMPACT_AT and 2 * end >= len(buf):
+            del buf[:end]
+            self._pos = 0
+            self._scan -= end
+            self._error_at -= end
+        return packet
+
+    # -- framing -------------------------------------------------------------------------
+
+    def _check_headers(self) -> None:
+        """Advance ``_scan`` over whole packets, checking each fixed header once."""
+        buf = self._buf
+        size = len(buf)
+        scan = self._scan
+        limit = self.max_packet
+        while scan + 2 <= size:
+            length = buf[scan + 1]
+            start = scan + 2
+            if length & 0x80:
+                length &= 0x7F
+                shift = 7
+                while True:
+                    if start == size:
+                        self._scan = scan
+                        return  # the Remaining Length is not all there yet
+                    byte = buf[start]
+                    start += 1
+                    length |= (byte & 0x7F) << shift
+                    if byte < 0x80:
+                        break
+                    if shift == 21:
+                        self._broken(
+                            MqttError(_MALFORMED, "Remaining Length longer than 4 bytes"), scan
+                        )
+                        return
+                    shift += 7
+                if byte == 0:
+                    self._broken(MqttError(_MALFORMED, "Remaining Length not minimal"), scan)
+                    return
+            total = start - scan + length
+            if total > limit:
+                name = _NAMES.get(buf[scan] >> 4, "packet") if buf[scan] >> 4 else "packet"
+                text = f"{name} of {total} bytes exceeds the maximum packet size of {limit}"
+                self._broken(MqttError(r.PACKET_TOO_LARGE, text), scan)
+                return
+            if scan + total > size:
+                break
+            scan += total
+        self._scan = scan
+
+    def _broken(self, error: MqttError, at: int) -> None:
+        """Record an error found at ``at`` by the header check and drop what follows."""
+        self._error = error
+        self._error_at = at
+        self._scan = at
+        del self._buf[at:]
+
+    def _fail(self, error: MqttError, at: int) -> None:
+        """Record an error in the packet at ``at``: it and everything after are dropped."""
+        self._broken(error, at)
+        self._pos = at
+
+    # -- packets -------------------------------------------------------------------------
+
+    def _publish(self, first: int, buf: bytearray, pos: int, end: int) -> p.Publish:
+        """PUBLISH, the hot path: a few slices and unpacks, properties only when present."""
+        qos = (first >> 1) & 3
+        if qos == 3:
+            raise MqttError(_MALFORMED, "PUBLISH: QoS 3 is not valid")
+        v5 = self.protocol_level == 5
+        if first & 8 and not qos and v5:
+            raise MqttError(_MALFORMED, "PUBLISH: DUP is set on a QoS 0 message")
+        if pos + 2 > end:
+            raise MqttError(_MALFORMED, "PUBLISH: truncated (topic length)")
+        stop = pos + 2 + _unpack_H(buf, pos)[0]
+        if stop > end:
+            raise MqttError(_MALFORMED, "PUBLISH: topic runs past the packet")
+        raw = buf[pos + 2 : stop]
+        if b"\x00" in raw:
+            raise MqttError(_MALFORMED, "PUBLISH: topic contains U+0000")
+        try:
+            topic = raw.decode()
+        except UnicodeDecodeError as exc:
+            raise MqttError(
+                _MALFORMED, f"PUBLISH: topic is not valid UTF-8 (byte {exc.start})"
+            ) from None
+        if b"+" in raw or b"#" in raw:
+            raise MqttError(r.TOPIC_NAME_INVALID, f"PUBLISH: topic {topic!r} has a wildcard")
+        pos = stop
+        packet_id = None
+        if qos:
+            if pos + 2 > end:
+                raise MqttError(_MALFORMED, "PUBLISH: truncated (packet identifier)")
+            packet_id = _unpack_H(buf, pos)[0]
+            if not packet_id:
+                raise MqttError(_PROTOCOL, "PUBLISH: packet identifier 0")
+            pos += 2
+        if v5:
+            if pos >= end:
+                raise MqttError(_MALFORMED, "PUBLISH: truncated (property length)")
+            if buf[pos]:
+                props, pos = _properties(buf, pos, end, p.PUBLISH)
+                if props.subscription_identifiers and self.server:
+                    raise MqttError(
+                        _PROTOCOL, "PUBLISH: a client may not send a Subscription Identifier"
+                    )
+                if not topic and props.topic_alias is None:
+                    raise MqttError(_PROTOCOL, "PUBLISH: empty topic and no Topic Alias")
+            else:
+                props = Properties()
+                pos += 1
+                if not topic:
+                    raise MqttError(_PROTOCOL, "PUBLISH: empty topic and no Topic Alias")
+        else:
+            props = Properties()
+            if not topic:
+                raise MqttError(_PROTOCOL, "PUBLISH: empty topic")
+        if end - pos < _VIEW_AT:
+            payload = bytes(buf[pos:end])
+        else:
+            with memoryview(buf) as view:
+                payload = view[pos:end].tobytes()
+        return p.Publish(topic, payload, qos, bool(first & 1), bool(first & 8), packet_id, props)
+
+    def _other(self, first: int, buf: bytearray, pos: int, end: int) -> Packet:
+        """Every packet but a PUBLISH after CONNECT: check type, direction and flags, then
+        read the packet with the layout of the protocol level."""
+        ptype = first >> 4
+        name = _NAMES[ptype]
+        level = self.protocol_level
+        if not self._connected:
+            if ptype != p.CONNECT:
+                text = f"{name}: the first packet must be CONNECT" if ptype else "reserved type 0"
+                raise MqttError(_PROTOCOL if ptype else _MALFORMED, text)
+        elif ptype == 0 or (ptype == p.AUTH and level != 5):
+            raise MqttError(_MALFORMED, f"packet type {ptype} is reserved in MQTT {level}")
+        elif ptype == p.CONNECT:
+            raise MqttError(_PROTOCOL, "CONNECT: a second CONNECT on the connection")
+        elif ptype not in self._receives or (
+            ptype == p.DISCONNECT and not self.server and level != 5
+        ):
+            side = "server" if self.server else "client"
+            raise MqttError(_PROTOCOL, f"{name}: a {side} never receives this packet")
+        if first & 0x0F != _FLAGS[ptype]:
+            raise MqttError(
+                _MALFORMED, f"{name}: reserved flags are 0x{first & 0x0F:X}, not {_FLAGS[ptype]}"
+            )
+        if ptype == p.CONNECT:
+            packet: Packet = self._connect(buf, pos, end)
+            self._connected = True
+            return packet
+        v5 = level == 5
+        if p.PUBACK <= ptype <= p.PUBCOMP:
+            return _ack(ptype, buf, pos, end, v5)
+        if ptype == p.SUBSCRIBE:
+            return _subscribe(buf, pos, end, v5)
+        if ptype == p.UNSUBSCRIBE:
+            return _unsubscribe(buf, pos, end, v5)
+        if ptype == p.PINGREQ or ptype == p.PINGRESP:
+            if end != pos:
+                raise MqttError(_MALFORMED, f"{name}: Remaining Length is {end - pos}, not 0")
+            return p.PingReq() if ptype == p.PINGREQ else p.PingResp()
+        if ptype == p.DISCONNECT or ptype == p.AUTH:
+            return _disconnect_or_auth(ptype, buf, pos, end, v5)
+        if ptype == p.CONNACK:
+            return _connack(buf, pos, end, v5)
+        if ptype == p.SUBACK:
+            return _suback(buf, pos, end, v5)
+        return _unsuback(buf, pos, end, v5)  # UNSUBACK is the only type left
+
+    def _connect(self, buf: bytearray, pos: int, end: int) -> p.Connect:
+        """CONNECT (3.1.2, 3.1.3; 3.1.1 3.1): any level; sets ``protocol_level``."""
+        name, pos = read_string(buf, pos, end, "CONNECT: protocol name")
+        if pos + 4 > end:
+            raise MqttError(_MALFORMED, "CONNECT: truncated (level, flags, keep alive)")
+        level = buf[pos]
+        if name not in ("MQTT", "MQIsdp"):
+            raise MqttError(
+                r.UNSUPPORTED_PROTOCOL_VERSION, f"CONNECT: protocol name {name!r} is not MQTT"
+            )
+        if _PROTOCOL_NAMES.get(level) != name:
+            raise MqttError(
+                r.UNSUPPORTED_PROTOCOL_VERSION,
+                f"CONNECT: protocol level {level} with name {name!r} is not supported",
+            )
+        self.protocol_level = level
+        flags = buf[pos + 1]
+        keepalive = _unpack_H(buf, pos + 2)[0]
+        pos += 4
+        if flags & 0x01:
+            raise MqttError(_MALFORMED, "CONNECT: the reserved flag is set")
+        will_qos = (flags >> 3) & 3
+        if flags & 0x04:
+            if will_qos == 3:
+                raise MqttError(_MALFORMED, "CONNECT: Will QoS 3 is not valid")
+        elif flags & 0x38:
+            raise MqttError(_MALFORMED, "CONNECT: Will QoS or Will Retain set without a Will")
+        if flags & 0x40 and not flags & 0x80 and level != 5:
+            raise MqttError(_PROTOCOL, "CONNECT: a password without a user name (before 5.0)")
+        v5 = level == 5
+        props = Properties()
+        if v5:
+            props, pos = _properties(buf, pos, end, p.CONNECT)
+        client_id, pos = read_string(buf, pos, end, "CONNECT: client identifier")
+        will = None
+        if flags & 0x04:
+            will_props = Properties()
+            if v5:
+                will_props, pos = _properties(buf, pos, end, p.WILL_PROPERTIES)
+            topic, pos = read_string(buf, pos, end, "CONNECT: Will topic")
+            if not topic or "+" in topic or "#" in topic:
+                raise MqttError(r.TOPIC_NAME_INVALID, f"CONNECT: Will topic {topic!r} is invalid")
+            payload, pos = read_binary(buf, pos, end, "CONNECT: Will payload")
+            will = p.Will(topic, payload, will_qos, bool(flags & 0x20), will_props)
+        username = password = None
+        if flags & 0x80:
+            username, pos = read_string(buf, pos, end, "CONNECT: user name")
+        if flags & 0x40:
+            password, pos = read_binary(buf, pos, end, "CONNECT: password")
+        _at_end(pos, end, "CONNECT")
+        return p.Connect(
+            client_id, level, bool(flags & 0x02), keepalive, username, password, will, props
+        )
+
+
+def _at_end(pos: int, end: int, name: str) -> None:
+    """Refuse bytes left over after the content: the Remaining Length does not match it."""
+    if pos != end:
+        raise MqttError(_MALFORMED, f"{name}: {end - pos} bytes after the end of the content")
+
+
+def _properties(buf: bytearray, pos: int, end: int, ptype: int) -> tuple[Properties, int]:
+    """A Property Length and the properties after it; the position after them."""
+    if pos >= end:
+        raise MqttError(_MALFORMED, f"{_NAMES[ptype]}: truncated (property length)")
+    if not buf[pos]:
+        return Properties(), pos + 1
+    length, pos = read_varint(buf, pos, end, f"{_NAMES[ptype]}: property length")
+    stop = pos + length
+    if stop > end:
+        raise MqttError(_MALFORMED, f"{_NAMES[ptype]}: properties run past the packet")
+    return decode_properties(buf, pos, stop, ptype), stop
+
+
+def _packet_id(buf: bytearray, pos: int, end: int, name: str) -> int:
+    """A non-zero Packet Identifier (2.2.1) at ``pos``."""
+    if pos + 2 > end:
+        raise MqttError(_MALFORMED, f"{name}: truncated (packet identifier)")
+    packet_id = _unpack_H(buf, pos)[0]
+    if not packet_id:
+        raise MqttError(_PROTOCOL, f"{name}: packet identifier 0")
+    return packet_id
+
+
+def _reason(code: int, allowed: frozenset[int], name: str) -> int:
+    """A reason code ``name`` may carry."""
+    if code not in allowed:
+        raise MqttError(_MALFORMED, f"{name}: reason code 0x{code:02X} is not valid here")
+    return code
+
+
+_ACK_CLASSES = {p.PUBACK: p.PubAck, p.PUBREC: p.PubRec, p.PUBREL: p.PubRel, p.PUBCOMP: p.PubComp}
+
+
+def _ack(
+    ptype: int, buf: bytearray, pos: int, end: int, v5: bool
+) -> p.PubAck | p.PubRec | p.PubRel | p.PubComp:
+    """PUBACK, PUBREC, PUBREL, PUBCOMP (3.4-3.7): the reason code and the properties may be
+    left out in 5.0 (Remaining Length 2 or 3)."""
+    name = _NAMES[ptype]
+    packet_id = _packet_id(buf, pos, end, name)
+    cls = _ACK_CLASSES[ptype]
+    if end - pos == 2:
+        return cls(packet_id)
+    if not v5:
+        raise MqttError(_MALFORMED, f"{name}: Remaining Length is {end - pos}, not 2")
+    allowed = r.PUBACK_CODES if ptype <= p.PUBREC else r.PUBREL_CODES
+    code = _reason(buf[pos + 2], allowed, name)
+    if end - pos == 3:
+        return cls(packet_id, code)
+    props, pos = _properties(buf, pos + 3, end, ptype)
+    _at_end(pos, end, name)
+    return cls(packet_id, code, props)
+
+
+def _subscribe(buf: bytearray, pos: int, end: int, v5: bool) -> p.Subscribe:
+    """SUBSCRIBE (3.8): at least one filter, each with its options byte."""
+    packet_id = _packet_id(buf, pos, end, "SUBSCRIBE")
+    pos += 2
+    props = Properties()
+    if v5:
+        props, pos = _properties(buf, pos, end, p.SUBSCRIBE)
+    subscriptions = []
+    while pos < end:
+        topic_filter, pos = read_string(buf, pos, end, "SUBSCRIBE: topic filter")
+        if pos >= end:
+            raise MqttError(_MALFORMED, "SUBSCRIBE: truncated (subscription options)")
+        options = buf[pos]
+        pos += 1
+        qos = options & 3
+        if v5:
+            if options & 0xC0:
+                raise MqttError(_MALFORMED, "SUBSCRIBE: reserved bits of the options are set")
+            if qos == 3:
+                raise MqttError(_PROTOCOL, f"SUBSCRIBE: QoS 3 for {topic_filter!r}")
+            retain_handling = options >> 4
+            if retain_handling == 3:
+                raise MqttError(_PROTOCOL, f"SUBSCRIBE: Retain Handling 3 for {topic_filter!r}")
+            subscriptions.append(
+                p.Subscription(
+                    topic_filter, qos, bool(options & 4), bool(options & 8), retain_handling
+                )
+            )
+        else:
+            if options & 0xFC or qos == 3:
+                raise MqttError(
+                    _MALFORMED, f"SUBSCRIBE: options 0x{options:02X} for {topic_filter!r}"
+                )
+            subscriptions.append(p.Subscription(topic_filter, qos))
+    if not subscriptions:
+        raise MqttError(_PROTOCOL, "SUBSCRIBE: no topic filter")
+    return p.Subscribe(packet_id, subscriptions, props)
+
+
+def _unsubscribe(buf: bytearray, pos: int, end: int, v5: bool) -> p.Unsubscribe:
+    """UNSUBSCRIBE (3.10): at least one filter."""
+    packet_id = _packet_id(buf, pos, end, "UNSUBSCRIBE")
+    pos += 2
+    props = Properties()
+    if v5:
+        props, pos = _properties(buf, pos, end, p.UNSUBSCRIBE)
+    filters = []
+    while pos < end:
+        topic_filter, pos = read_string(buf, pos, end, "UNSUBSCRIBE: topic filter")
+        filters.append(topic_filter)
+    if not filters:
+        raise MqttError(_PROTOCOL, "UNSUBSCRIBE: no topic filter")
+    return p.Unsubscribe(packet_id, filters, props)
+
+
+def _disconnect_or_auth(
+    ptype: int, buf: bytearray, pos: int, end: int, v5: bool
+) -> p.Disconnect | p.Auth:
+    """DISCONNECT (3.14) or AUTH (3.15): 3.x DISCONNECT is empty; in 5.0 the reason code and
+    the properties may be left out (Remaining Length 0 or 1)."""
+    name = _NAMES[ptype]
+    cls = p.Disconnect if ptype == p.DISCONNECT else p.Auth
+    if pos == end:
+        return cls()
+    if not v5:
+        raise MqttError(_MALFORMED, f"{name}: Remaining Length is {end - pos}, not 0")
+    allowed = r.DISCONNECT_CODES if ptype == p.DISCONNECT else r.AUTH_CODES
+    code = _reason(buf[pos], allowed, name)
+    if end - pos == 1:
+        return cls(code)
+    props, pos = _properties(buf, pos + 1, end, ptype)
+    _at_end(pos, end, name)
+    return cls(code, props)
+
+
+def _connack(buf: bytearray, pos: int, end: int, v5: bool) -> p.ConnAck:
+    """CONNACK (3.2): acknowledge flags, then the reason (5.0) or return (3.x) code."""
+    if end - pos < 2 or (not v5 and end - pos != 2):
+        raise MqttError(_MALFORMED, f"CONNACK: Remaining Length {end - pos} is not valid")
+    flags = buf[pos]
+    if flags & 0xFE:
+        raise MqttError(_MALFORMED, "CONNACK: reserved acknowledge flags are set")
+    code = _reason(buf[pos + 1], r.CONNACK_CODES if v5 else r.V3_CONNACK_CODES, "CONNACK")
+    props = Properties()
+    pos += 2
+    if v5:
+        props, pos = _properties(buf, pos, end, p.CONNACK)
+        _at_end(pos, end, "CONNACK")
+    return p.ConnAck(bool(flags), code, props)
+
+
+def _suback(buf: bytearray, pos: int, end: int, v5: bool) -> p.SubAck:
+    """SUBACK (3.9): one code per subscription, at least one."""
+    packet_id = _packet_id(buf, pos, end, "SUBACK")
+    pos += 2
+    props = Properties()
+    if v5:
+        props, pos = _properties(buf, pos, end, p.SUBACK)
+    codes = list(buf[pos:end])
+    if not codes:
+        raise MqttError(_PROTOCOL, "SUBACK: no reason code")
+    allowed = r.SUBACK_CODES if v5 else r.V3_SUBACK_CODES
+    for code in codes:
+        _reason(code, allowed, "SUBACK")
+    return p.SubAck(packet_id, codes, props)
+
+
+def _unsuback(buf: bytearray, pos: int, end: int, v5: bool) -> p.UnsubAck:
+    """UNSUBACK (3.11): 3.x has just the packet identifier; 5.0 a code per filter."""
+    packet_id = _packet_id(buf, pos, end, "UNSUBACK")
+    if not v5:
+        _at_end(pos + 2, end, "UNSUBACK")
+        return p.UnsubAck(packet_id)
+    props, pos = _properties(buf, pos + 2, end, p.UNSUBACK)
+    codes = list(buf[pos:end])
+    if not codes:
+        raise MqttError(_PROTOCOL, "UNSUBACK: no reason code")
+    for code in codes:
+        _reason(code, r.UNSUBACK_CODES, "UNSUBACK")
+    return p.UnsubAck(packet_id, codes, props)
