@@ -18,16 +18,26 @@ class Message:
     __slots__ = (
         "encoded",
         "encoded_fields",
+        "expires_at",
         "headers",
+        "mqtt_props",
+        "mqtt_shared",
         "msg_id",
+        "origin",
         "payload",
+        "qos",
         "routed_at",
         "size",
         "topic",
     )
 
     def __init__(
-        self, topic: str, payload: bytes, headers: dict[str, str] | None, msg_id: str
+        self,
+        topic: str,
+        payload: bytes,
+        headers: dict[str, str] | None,
+        msg_id: str,
+        qos: int = 1,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -38,6 +48,18 @@ class Message:
         self.encoded: bytes | None = None
         self.encoded_fields = 0
         self.routed_at = 0.0  # trio time it was routed, for a sampled message; else 0.0
+        # The publisher's quality of service (MQTT 0, 1 or 2): a delivery's QoS is the lower
+        # of this and the subscription's. Native PUBs and messages read back from the store
+        # count as 1 (at least once: the broker stores them for durable sessions).
+        self.qos = qos
+        # Set by the MQTT front end only: trio time after which the message is not delivered
+        # (v5 Message Expiry Interval; 0.0: never), the publishing session (No Local), the
+        # publish's v5 properties that pass through as they came (encoded), and its cache of
+        # the PUBLISH bytes every delivery shares.
+        self.expires_at = 0.0
+        self.origin: object = None
+        self.mqtt_props: bytes | None = None
+        self.mqtt_shared: tuple | None = None
 
     def __repr__(self) -> str:
         return f"<Message {self.msg_id} {self.topic!r} {self.size} bytes>"

@@ -83,6 +83,9 @@ class Broker:
         # when every session in it is transient, else _DURABLE. Emptied by every change of
         # the subscriptions (sub ids and sessions change only then), and when full.
         self._plans: dict[frozenset, tuple[tuple[Session, int], ...]] = {}
+        # Front ends with state of their own beyond the sessions (MQTT), by name: STATS
+        # includes what each ``stats()`` says.
+        self.frontends: dict[str, Any] = {}
         # The peer mesh, once the broker is served with one (broker.server attaches it).
         self.peering: Mesh = NullMesh()
         # The last report of each bridge (reports.py): in the table, in no registry, and
@@ -320,6 +323,33 @@ class Broker:
         peering.forward(message, msg_id is not None, dests, 1, self.server_id)
         return work
 
+    def publish_message(
+        self, message: Message, publisher_msg_id: str | None = None
+    ) -> DurableWork | None:
+        """``publish`` for a message a front end built itself (MQTT: with its QoS, expiry,
+        origin and properties); ``publisher_msg_id`` is the publisher's id, for the
+        duplicate filter, if it gave one."""
+        counters = self.counters
+        if publisher_msg_id is not None and self._recent_ids.seen(publisher_msg_id):
+            counters.duplicates_dropped += 1
+            return None
+        counters.messages_in += 1
+        counters.bytes_in += message.size
+        peering = self.peering
+        dests = peering.wanting(message.topic) if peering.active else frozenset()
+        work = self._route(
+            message.topic,
+            message.payload,
+            message.headers,
+            message.msg_id,
+            publisher_msg_id,
+            message,
+            remote=bool(dests),
+        )
+        if dests:
+            peering.forward(message, publisher_msg_id is not None, dests, 1, self.server_id)
+        return work
+
     def seen_msg_id(self, msg_id: str) -> bool:
         """True if a publisher's ``msg_id`` was routed lately (the duplicate filter)."""
         return self._recent_ids.seen(msg_id)
@@ -487,6 +517,8 @@ class Broker:
         )
         if self.peering.active:
             snapshot["peering"] = self.peering.stats()
+        for name, frontend in self.frontends.items():
+            snapshot[name] = frontend.stats()
         if self.store is not None:
             store = self.store.statistics()
             snapshot["store"] = {

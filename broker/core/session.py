@@ -538,10 +538,12 @@ class Session:
         append_msg: AppendMessage,
         max_bytes: int = 256 * 1024,
         append_discarded: AppendDiscarded | None = None,
+        max_messages: int = 1 << 62,
     ) -> tuple[bytes, int]:
         """Encode queued frames into one write of about ``max_bytes``: every reply of the
         priority lane, then messages (with the front end's ``append_msg``, or, for a message
-        after drops, ``append_discarded`` when given); (bytes, MSG count). Sampled messages
+        after drops, ``append_discarded`` when given), at most ``max_messages`` of them (a
+        front end's in-flight window); (bytes, MSG count). Sampled messages
         leave their routing time in ``sampled`` for the caller to observe once the bytes are
         sent."""
         parts: list[bytes | memoryview] = []
@@ -559,7 +561,7 @@ class Session:
         durable = self.durable
         end = len(outbox)
         i = 0  # entries taken from the front of the outbox (deleted at once, below)
-        while i < end and size < max_bytes:
+        while i < end and size < max_bytes and messages < max_messages:
             entry = outbox[i]
             if entry.__class__ is bytes:
                 i += 1
