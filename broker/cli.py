@@ -118,6 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve /metrics, /healthz, /readyz and the dashboard page there (docs/operations.md)",
     )
     serve.add_argument(
+        "--mqtt",
+        type=listen_address,
+        metavar="HOST:PORT",
+        help="serve MQTT 3.1.1 and 5.0 over TCP there (docs/mqtt.md)",
+    )
+    serve.add_argument(
+        "--mqtt-ws",
+        type=listen_address,
+        metavar="HOST:PORT",
+        help="serve MQTT over WebSocket there (path /mqtt, subprotocol mqtt)",
+    )
+    serve.add_argument(
         "--peer-secret",
         metavar="SECRET",
         help="shared secret that peer links must present (PEER_HELLO)",
@@ -282,6 +294,8 @@ def _serve(args: argparse.Namespace) -> int:
             peers=tuple(args.peer) if args.peer else None,
             peer_secret=args.peer_secret,
             http_listen=args.http,
+            mqtt_listen=args.mqtt,
+            mqtt_websocket=args.mqtt_ws,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

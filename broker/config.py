@@ -38,6 +38,10 @@ key, never a traceback and never a silently ignored typo.
     top_sessions = 20              # /metrics: sessions by lag with their own series; + "other"
     request_timeout = 10.0         # seconds a request (or an idle keep-alive) may take
 
+    [mqtt]                         # MQTT 3.1.1 and 5.0 (docs/mqtt.md); off unless set
+    listen = "127.0.0.1:1883"      # MQTT over TCP
+    websocket = "127.0.0.1:8083"   # MQTT over WebSocket, path /mqtt, subprotocol mqtt
+
     [peering]                      # peer brokers (docs/peering.md); server_id is the broker id
     peers = ["10.0.0.2:7474"]      # brokers to dial; links are also accepted from any broker
     secret = "mesh-secret"         # PEER_HELLO must carry it (both ends set the same)
@@ -98,6 +102,8 @@ class BrokerConfig:
     http_listen: str | None = None  # HOST:PORT of the operators' HTTP port; None: off
     http_top_sessions: int = 20  # durable sessions with their own /metrics series, by lag
     http_request_timeout: float = 10.0  # seconds per request on it, and per idle keep-alive
+    mqtt_listen: str | None = None  # HOST:PORT for MQTT over TCP; None: off
+    mqtt_websocket: str | None = None  # HOST:PORT for MQTT over WebSocket; None: off
     peers: tuple[str, ...] = ()
     peer_secret: str | None = None
     hop_limit: int = 16
@@ -150,6 +156,7 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "top_sessions": "http_top_sessions",
         "request_timeout": "http_request_timeout",
     },
+    "mqtt": {"listen": "mqtt_listen", "websocket": "mqtt_websocket"},
     "peering": {
         "peers": "peers",
         "secret": "peer_secret",
@@ -189,6 +196,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "http_listen": (str, type(None)),
     "http_top_sessions": (int,),
     "http_request_timeout": (int, float),
+    "mqtt_listen": (str, type(None)),
+    "mqtt_websocket": (str, type(None)),
     "peers": (tuple,),
     "peer_secret": (str, type(None)),
     "hop_limit": (int,),
@@ -242,6 +251,10 @@ def _check(cfg: BrokerConfig) -> None:
     _check_peering(cfg)
     if cfg.http_listen is not None and parse_listen(cfg.http_listen) is None:
         raise ConfigError(f"http listen must be HOST:PORT, got {cfg.http_listen!r}")
+    for name, what in (("mqtt_listen", "mqtt listen"), ("mqtt_websocket", "mqtt websocket")):
+        value = getattr(cfg, name)
+        if value is not None and parse_listen(value) is None:
+            raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
     if not 0 <= cfg.http_top_sessions <= MAX_TOP_SESSIONS:
         raise ConfigError(
             f"http top_sessions must be in 0..{MAX_TOP_SESSIONS}, got {cfg.http_top_sessions}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import signal
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Any
 
 import trio
@@ -25,6 +26,8 @@ from broker.core import Broker
 from broker.http import HttpServer, broker_routes
 from broker.log import get_logger
 from broker.mesh import Peering
+from broker.mqtt.connection import MqttConnection
+from broker.mqtt.state import MqttFrontEnd
 from broker.native import ClientConnection, KeepaliveSweeper
 from broker.store import Store
 
@@ -52,6 +55,9 @@ class Server:
         self._shutdown = trio.Event()
         self.stopped = trio.Event()
         self.addresses: list[tuple[str, int]] = []
+        self.mqtt_addresses: list[tuple[str, int]] = []  # MQTT over TCP, when served
+        self.mqtt_ws_addresses: list[tuple[str, int]] = []  # MQTT over WebSocket
+        self.mqtt: MqttFrontEnd | None = None
         self.http: HttpServer | None = None  # the operators' port, when configured
         self._sweeper = KeepaliveSweeper(broker.connections)
 
@@ -62,23 +68,40 @@ class Server:
         self,
         listeners: list[trio.SocketListener] | list[Any],
         *,
+        mqtt_listeners: list[Any] | None = None,
+        mqtt_ws_listeners: list[Any] | None = None,
         task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        """Accept native clients on ``listeners`` and, given an ``MqttFrontEnd`` in
+        ``self.mqtt``, MQTT clients on the MQTT (TCP and WebSocket) listeners."""
         broker = self.broker
-        for listener in listeners:
-            sock = getattr(listener, "socket", None)
-            if sock is not None:
-                self.addresses.append(sock.getsockname()[:2])
+        kinds = [(listeners, self._native, self.addresses)]
+        if self.mqtt is not None:
+            kinds.append((mqtt_listeners or [], self._mqtt_tcp, self.mqtt_addresses))
+            kinds.append((mqtt_ws_listeners or [], self._mqtt_ws, self.mqtt_ws_addresses))
+        for group, _make, addresses in kinds:
+            for listener in group:
+                sock = getattr(listener, "socket", None)
+                if sock is not None:
+                    addresses.append(sock.getsockname()[:2])
+        everything = [listener for group, _make, _a in kinds for listener in group]
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as accepting:
                 accepting.start_soon(self._sweeper.run)
-                for listener in listeners:
-                    accepting.start_soon(self._accept_loop, listener, connections)
-                log.info("listening", server_id=broker.server_id, addresses=self.addresses)
+                for group, make, _addresses in kinds:
+                    for listener in group:
+                        accepting.start_soon(self._accept_loop, listener, connections, make)
+                log.info(
+                    "listening",
+                    server_id=broker.server_id,
+                    addresses=self.addresses,
+                    **({"mqtt": self.mqtt_addresses} if self.mqtt_addresses else {}),
+                    **({"mqtt_ws": self.mqtt_ws_addresses} if self.mqtt_ws_addresses else {}),
+                )
                 task_status.started(self.addresses)
                 await self._shutdown.wait()
                 accepting.cancel_scope.cancel()
-            for listener in listeners:
+            for listener in everything:
                 await listener.aclose()
             log.info("shutting down", connections=len(broker.connections))
             broker.peering.shutdown()
@@ -88,7 +111,20 @@ class Server:
         log.info("stopped", messages_in=counters.messages_in, messages_out=counters.messages_out)
         self.stopped.set()
 
-    async def _accept_loop(self, listener: Any, connections: trio.Nursery) -> None:
+    def _native(self, stream: trio.abc.Stream) -> Any:
+        return ClientConnection(self.broker, stream, _peer_name(stream), self._sweeper)
+
+    def _mqtt_tcp(self, stream: trio.abc.Stream) -> Any:
+        assert self.mqtt is not None
+        return MqttConnection(self.broker, self.mqtt, stream, _peer_name(stream), self._sweeper)
+
+    def _mqtt_ws(self, stream: trio.abc.Stream) -> Any:
+        assert self.mqtt is not None
+        return MqttConnection(
+            self.broker, self.mqtt, stream, _peer_name(stream), self._sweeper, websocket=True
+        )
+
+    async def _accept_loop(self, listener: Any, connections: trio.Nursery, make: Any) -> None:
         while True:
             try:
                 stream = await listener.accept()
@@ -98,7 +134,7 @@ class Server:
                     await trio.sleep(ACCEPT_BACKOFF)
                     continue
                 raise
-            connection = ClientConnection(self.broker, stream, _peer_name(stream), self._sweeper)
+            connection = make(stream)
             # A name of our own, shared: trio would format one string per task (~100 bytes)
             connections.start_soon(connection.run, name=CONNECTION_TASK)
 
@@ -130,7 +166,14 @@ async def run_broker(
             log.info("store opened", data_dir=config.data_dir, durable_sessions=restored)
         server = Server(broker)
         listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+        mqtt_listeners = await _listen(config.mqtt_listen)
+        mqtt_ws_listeners = await _listen(config.mqtt_websocket)
         async with trio.open_nursery() as nursery:
+            timers = trio.CancelScope()  # the MQTT front end's (delayed wills, expiries)
+            if config.mqtt_listen is not None or config.mqtt_websocket is not None:
+                server.mqtt = MqttFrontEnd(broker)
+                broker.frontends["mqtt"] = server.mqtt
+                await nursery.start(_run_in_scope, server.mqtt.run, timers)
             signals = trio.CancelScope()
             if handle_signals:
                 nursery.start_soon(_shutdown_on_signal, server, signals)
@@ -141,7 +184,14 @@ async def run_broker(
                     broker_routes(broker), request_timeout=config.http_request_timeout
                 )
                 await nursery.start(_serve_http, server.http, config.http_listen, operators)
-            await nursery.start(server.serve, listeners)
+            await nursery.start(
+                partial(
+                    server.serve,
+                    listeners,
+                    mqtt_listeners=mqtt_listeners,
+                    mqtt_ws_listeners=mqtt_ws_listeners,
+                )
+            )
             task_status.started(server)
             await server._shutdown.wait()
             signals.cancel()
@@ -149,6 +199,27 @@ async def run_broker(
             nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout + 5
             await server.stopped.wait()
             operators.cancel()  # the HTTP port answers until the last client has gone
+            timers.cancel()
+
+
+async def _listen(listen: str | None) -> list[trio.SocketListener]:
+    """Listeners for ``HOST:PORT`` (checked with the config), or none."""
+    if listen is None:
+        return []
+    parsed = parse_listen(listen)
+    assert parsed is not None
+    host, port = parsed
+    return await trio.open_tcp_listeners(port, host=host)
+
+
+async def _run_in_scope(
+    fn: Any,
+    scope: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with scope:
+        await fn(task_status=task_status)
 
 
 async def _serve_http(
