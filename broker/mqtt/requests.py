@@ -1,0 +1,373 @@
+"""An MQTT client's packets after CONNECT, turned into core calls and answered in order.
+
+PUBLISH is routed at once (the router queues it to every interested session before
+``publish_message`` returns, which keeps each publisher's order); a QoS 1 PUBACK or
+QoS 2 PUBREC waits for the store when durable sessions got the message, and never
+overtakes an earlier one (``Replies``). QoS 2 is exactly once towards the subscribers:
+a PUBLISH whose packet id is still between PUBREC and PUBREL is not routed again.
+SUBSCRIBE maps `+`/`#` filters onto the core's mqtt dialect, keeps MQTT's options in
+``Subscriptions`` and sends the retained messages each new subscription asks for after
+the SUBACK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+import routing
+from broker.core import Message, QuotaExceeded, Session
+from broker.log import get_logger
+from broker.mqtt import reasons as R
+from broker.mqtt.closing import Closing
+from broker.mqtt.codec import encode
+from broker.mqtt.connect import TOPIC_ALIAS_MAXIMUM, Accepted
+from broker.mqtt.outbound import Outbound
+from broker.mqtt.packets import (
+    Auth,
+    Connect,
+    Disconnect,
+    PingReq,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+)
+from broker.mqtt.publish import pass_through_properties
+from broker.mqtt.subscriptions import Options
+from broker.store import Pending, StoreError
+
+if TYPE_CHECKING:
+    from broker.mqtt.connection import MqttConnection
+
+log = get_logger("topiary.mqtt")
+
+SHARE_PREFIX = "$share/"
+PINGRESP = b"\xd0\x00"
+
+
+class Replies:
+    """PUBACKs and PUBRECs in the order the PUBLISHes came, each once its message is stored
+    (like the native ``Confirms``): one task answers from the front as commits complete."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.waiting: deque[tuple[Pending | None, bytes, bytes]] = deque()
+        self._nursery: trio.Nursery | None = None
+        self._draining = False
+
+    def start_in(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    def after(self, pending: Pending | None, reply: bytes, failed: bytes) -> None:
+        """Send ``reply`` once ``pending`` committed (``failed`` if it did not)."""
+        if pending is None and not self.waiting:
+            self.session.send_control(reply)
+            return
+        self.waiting.append((pending, reply, failed))
+        if not self._draining and self._nursery is not None:
+            self._draining = True
+            self._nursery.start_soon(self._drain)
+
+    async def _drain(self) -> None:
+        waiting = self.waiting
+        try:
+            while waiting:
+                pending = waiting[0][0]
+                if pending is not None and not pending.done:
+                    with contextlib.suppress(StoreError):
+                        await pending.wait()
+                out = []
+                while waiting and (waiting[0][0] is None or waiting[0][0].done):
+                    pending, reply, failed = waiting.popleft()
+                    if pending is not None:
+                        try:
+                            pending.result()
+                        except StoreError:
+                            reply = failed
+                    out.append(reply)
+                if out:
+                    self.session.send_control(b"".join(out))
+        finally:
+            self._draining = False
+
+
+class Requests:
+    """One MQTT client's packets on its session (see the module docstring)."""
+
+    def __init__(self, conn: MqttConnection, accepted: Accepted, outbound: Outbound) -> None:
+        self.conn = conn
+        self.broker = conn.broker
+        self.accepted = accepted
+        self.session = accepted.session
+        self.state = accepted.state
+        self.outbound = outbound
+        self.level = accepted.protocol_level
+        self.v5 = accepted.v5
+        self.aliases: dict[int, str] = {}
+        self.replies = Replies(self.session)
+
+    def start_in(self, nursery: trio.Nursery) -> None:
+        self.replies.start_in(nursery)
+        self.conn.requests_nursery = nursery
+
+    async def wait_room(self) -> None:
+        """Read no more while the client's replies do not fit its queue (backpressure)."""
+        await self.session.wait_control_drained()
+
+    async def handle(self, packet: Any) -> Closing | None:
+        handler = _HANDLERS.get(packet.__class__)
+        if handler is None:
+            return Closing(R.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
+        return await handler(self, packet)
+
+    def _send(self, packet: Any, *, ordered: bool = False) -> None:
+        self.session.send_control(encode(packet, self.level), ordered=ordered)
+
+    # -- PUBLISH -------------------------------------------------------------------------
+
+    async def _publish(self, p: Publish) -> Closing | None:
+        broker = self.broker
+        props = p.properties
+        topic = p.topic
+        if self.v5 and props.topic_alias is not None:
+            alias = props.topic_alias
+            if not 0 < alias <= TOPIC_ALIAS_MAXIMUM:
+                return Closing(R.TOPIC_ALIAS_INVALID, f"topic alias {alias} is not in 1..64")
+            if topic:
+                self.aliases[alias] = topic
+            else:
+                found = self.aliases.get(alias)
+                if found is None:
+                    return Closing(R.PROTOCOL_ERROR, f"topic alias {alias} was never set")
+                topic = found
+        try:
+            routing.validate_topic(topic)
+        except routing.TopicError as exc:
+            return Closing(R.TOPIC_NAME_INVALID, f"PUBLISH: {exc}")
+        qos = p.qos
+        if qos == 2 and p.packet_id in self.state.qos2_received:
+            self._send(PubRec(p.packet_id))  # a resend: routed once already
+            return None
+        if len(p.payload) > broker.config.max_payload:
+            text = (
+                f"payload of {len(p.payload)} bytes exceeds the limit of "
+                f"{broker.config.max_payload}"
+            )
+            return self._refuse_publish(p, R.PACKET_TOO_LARGE, text)
+        headers = dict(props.user_properties) if props.user_properties else None
+        message = Message(topic, p.payload, headers, broker.next_msg_id(), qos)
+        message.origin = self.session
+        if self.v5:
+            if (
+                props.payload_format_indicator is not None
+                or props.content_type is not None
+                or props.response_topic is not None
+                or props.correlation_data is not None
+                or props.user_properties
+            ):
+                message.mqtt_props = pass_through_properties(
+                    payload_format=props.payload_format_indicator,
+                    content_type=props.content_type,
+                    response_topic=props.response_topic,
+                    correlation_data=props.correlation_data,
+                    user=props.user_properties,
+                )
+            if props.message_expiry_interval is not None:
+                message.expires_at = trio.current_time() + props.message_expiry_interval
+        if p.retain:
+            message.retain = True  # type: ignore[attr-defined]
+            retain = getattr(broker, "retain_message", None)
+            if retain is not None:
+                retain(message)
+        try:
+            work = broker.publish_message(message)
+        except QuotaExceeded as exc:
+            return self._refuse_publish(p, R.QUOTA_EXCEEDED, str(exc))
+        pending = None
+        if work is not None:
+            pending = broker.persist_nowait(work)
+            if pending is None:
+                try:
+                    pending = await broker.persist(work)
+                except StoreError as exc:
+                    broker.counters.store_errors += 1
+                    return self._refuse_publish(p, R.UNSPECIFIED_ERROR, f"not stored: {exc}")
+        if qos == 1:
+            self.replies.after(
+                pending,
+                encode(PubAck(p.packet_id), self.level),  # type: ignore[arg-type]
+                encode(PubAck(p.packet_id, R.UNSPECIFIED_ERROR), self.level),  # type: ignore[arg-type]
+            )
+        elif qos == 2:
+            self.state.qos2_received.add(p.packet_id)  # type: ignore[arg-type]
+            self.replies.after(
+                pending,
+                encode(PubRec(p.packet_id), self.level),  # type: ignore[arg-type]
+                encode(PubRec(p.packet_id, R.UNSPECIFIED_ERROR), self.level),  # type: ignore[arg-type]
+            )
+        return None
+
+    def _refuse_publish(self, p: Publish, reason: int, text: str) -> Closing | None:
+        """A PUBLISH the broker does not take: MQTT 5 says why in its PUBACK/PUBREC; QoS 0
+        and 3.1.1 have no way to refuse one, so it is dropped (counted) or, for 3.1.1 QoS
+        > 0, the connection is closed (the client will resend it)."""
+        self.broker.counters.errors[f"MQTT_{reason:#04x}"] += 1
+        log.info("publish refused", client=self.session.client_id, reason=hex(reason), text=text)
+        if p.qos == 0:
+            return None
+        if not self.v5:
+            return Closing(reason, text)
+        ack = PubAck(p.packet_id, reason) if p.qos == 1 else PubRec(p.packet_id, reason)  # type: ignore[arg-type]
+        if self.accepted.problem_information:
+            ack.properties.reason_string = text[:200]
+        self.replies.after(None, encode(ack, 5), b"")
+        return None
+
+    async def _puback(self, p: PubAck) -> Closing | None:
+        self.outbound.acked(p.packet_id, 1)
+        return None
+
+    async def _pubrec(self, p: PubRec) -> Closing | None:
+        pid = p.packet_id
+        if p.reason_code >= 0x80:  # the client refused it: the exchange ends here
+            self.outbound.acked(pid, 2)
+            self.outbound.completed(pid)
+            return None
+        if self.outbound.acked(pid, 2) or pid in self.state.pubrel_due:
+            self._send(PubRel(pid))
+        elif self.v5:
+            self._send(PubRel(pid, R.PACKET_IDENTIFIER_NOT_FOUND))
+        return None
+
+    async def _pubrel(self, p: PubRel) -> Closing | None:
+        pid = p.packet_id
+        if pid in self.state.qos2_received:
+            self.state.qos2_received.discard(pid)
+            self.replies.after(None, encode(PubComp(pid), self.level), b"")
+        else:
+            reason = R.PACKET_IDENTIFIER_NOT_FOUND if self.v5 else 0
+            self.replies.after(None, encode(PubComp(pid, reason), self.level), b"")
+        return None
+
+    async def _pubcomp(self, p: PubComp) -> Closing | None:
+        self.outbound.completed(p.packet_id)
+        return None
+
+    # -- SUBSCRIBE and UNSUBSCRIBE -------------------------------------------------------
+
+    async def _subscribe(self, p: Subscribe) -> Closing | None:
+        broker = self.broker
+        session = self.session
+        ids = p.properties.subscription_identifiers
+        identifier = ids[0] if ids else None
+        codes: list[int] = []
+        retained: list[tuple[int, routing.Filter]] = []
+        for sub in p.subscriptions:
+            text = sub.filter
+            if text.startswith(SHARE_PREFIX):
+                codes.append(R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if self.v5 else 0x80)
+                continue
+            try:
+                flt = routing.parse_filter(text, routing.MQTT)
+            except routing.TopicError:
+                codes.append(R.TOPIC_FILTER_INVALID if self.v5 else 0x80)
+                continue
+            options = Options(
+                qos=sub.qos,
+                no_local=sub.no_local,
+                retain_as_published=sub.retain_as_published,
+                identifier=identifier,
+            )
+            existing = self.state.subscriptions.by_filter.get(text)
+            if existing is not None:
+                sub_id = existing[0]
+            else:
+                sub_id = broker.subscribe(session, flt)
+                if session.durable:
+                    store = broker.store
+                    assert store is not None
+                    try:
+                        await store.add_filter(session.client_id, flt.text, flt.dialect)
+                    except StoreError as exc:
+                        broker.unsubscribe(session, sub_id)
+                        broker.counters.store_errors += 1
+                        log.error("store failed", client=session.client_id, error=str(exc))
+                        codes.append(R.UNSPECIFIED_ERROR if self.v5 else 0x80)
+                        continue
+            self.state.subscriptions.add(flt, sub_id, options)
+            codes.append(sub.qos)
+            if sub.retain_handling == 0 or (sub.retain_handling == 1 and existing is None):
+                retained.append((sub_id, flt))
+        self._send(SubAck(p.packet_id, codes))
+        deliver = getattr(broker, "deliver_retained", None)
+        if deliver is not None:
+            for sub_id, flt in retained:
+                await deliver(session, sub_id, flt)
+        return None
+
+    async def _unsubscribe(self, p: Unsubscribe) -> Closing | None:
+        broker = self.broker
+        session = self.session
+        codes = []
+        for text in p.filters:
+            sub_id = self.state.subscriptions.remove(text)
+            if sub_id is None:
+                codes.append(R.NO_SUBSCRIPTION_EXISTED)
+                continue
+            ref = session.subs.get(sub_id)
+            broker.unsubscribe(session, sub_id)
+            if session.durable and ref is not None and not ref.sub_ids:
+                store = broker.store
+                assert store is not None
+                with contextlib.suppress(StoreError):
+                    await store.remove_filter(session.client_id, ref.filter, ref.dialect)
+            codes.append(R.SUCCESS)
+        self._send(UnsubAck(p.packet_id, codes if self.v5 else []), ordered=True)
+        return None
+
+    # -- the rest ------------------------------------------------------------------------
+
+    async def _pingreq(self, p: PingReq) -> Closing | None:
+        self.session.send_control(PINGRESP)
+        return None
+
+    async def _disconnect(self, p: Disconnect) -> Closing | None:
+        expiry = p.properties.session_expiry_interval
+        if expiry is not None:
+            if self.state.expiry == 0 and expiry > 0:
+                return Closing(
+                    R.PROTOCOL_ERROR, "DISCONNECT may not set a Session Expiry Interval now"
+                )
+            if self.session.durable:
+                self.state.expiry = float(expiry)
+        return Closing(None, "client disconnected", will=p.reason_code == R.DISCONNECT_WITH_WILL)
+
+    async def _auth(self, p: Auth) -> Closing | None:
+        return Closing(R.PROTOCOL_ERROR, "AUTH without an authentication method")
+
+    async def _connect(self, p: Connect) -> Closing | None:
+        return Closing(R.PROTOCOL_ERROR, "a second CONNECT")
+
+
+_HANDLERS: dict[type, Any] = {
+    Publish: Requests._publish,
+    PubAck: Requests._puback,
+    PubRec: Requests._pubrec,
+    PubRel: Requests._pubrel,
+    PubComp: Requests._pubcomp,
+    Subscribe: Requests._subscribe,
+    Unsubscribe: Requests._unsubscribe,
+    PingReq: Requests._pingreq,
+    Disconnect: Requests._disconnect,
+    Auth: Requests._auth,
+    Connect: Requests._connect,
+}
