@@ -314,11 +314,11 @@ class Decoder:
                 raise MqttError(_PROTOCOL if ptype else _MALFORMED, text)
         elif ptype == 0 or (ptype == p.AUTH and level != 5):
             raise MqttError(_MALFORMED, f"packet type {ptype} is reserved in MQTT {level}")
-        elif ptype == p.CONNECT:
-            raise MqttError(_PROTOCOL, "CONNECT: a second CONNECT on the connection")
         elif ptype not in self._receives or (
             ptype == p.DISCONNECT and not self.server and level != 5
         ):
+            if ptype == p.CONNECT and self.server:
+                raise MqttError(_PROTOCOL, "CONNECT: a second CONNECT on the connection")
             side = "server" if self.server else "client"
             raise MqttError(_PROTOCOL, f"{name}: a {side} never receives this packet")
         if first & 0x0F != _FLAGS[ptype]:
