@@ -59,10 +59,17 @@ def encode_publish(
     properties: Properties | None = None,
 ) -> bytes:
     """One PUBLISH packet, without building a ``Publish`` first."""
-    props = b"" if properties is None or protocol_level != 5 else _publish_props(properties)
-    return b"".join(
-        publish_parts(topic.encode(), payload, qos, retain, dup, packet_id, protocol_level, props)
-    )
+    raw = topic.encode()
+    head = _pack_H(len(raw)) + raw
+    if qos:
+        if packet_id is None:
+            raise ValueError(f"a QoS {qos} PUBLISH needs a packet identifier")
+        head += _pack_H(packet_id)
+    if protocol_level == 5:
+        props = b"" if properties is None else encode_properties(properties, p.PUBLISH)
+        head += varint(len(props)) + props if props else _EMPTY_SECTION
+    first = _BYTES[0x30 | dup << 3 | qos << 1 | retain]
+    return first + varint(len(head) + len(payload)) + head + payload
 
 
 def publish_parts(
@@ -164,10 +171,6 @@ class PublishTemplate:
             middle = _pack_H(packet_id) + middle
         size = len(self.topic_part) + len(middle) + len(self.payload)
         return [first + varint(size) + self.topic_part + middle, self.payload]
-
-
-def _publish_props(props: Properties) -> bytes:
-    return encode_properties(props, p.PUBLISH)
 
 
 def _connect(packet: p.Connect, level: int) -> bytes:

@@ -110,11 +110,12 @@ def read_string(data: bytes, pos: int, end: int, where: str) -> tuple[str, int]:
 
 def decode_utf8(raw: bytes, where: str) -> str:
     """``raw`` as text, or MALFORMED_PACKET for ill-formed UTF-8 or U+0000."""
-    if b"\x00" in raw:
-        raise MqttError(MALFORMED_PACKET, f"{where}: string contains U+0000")
     try:
-        return raw.decode()
+        text = raw.decode()
     except UnicodeDecodeError as exc:
         raise MqttError(
             MALFORMED_PACKET, f"{where}: string is not valid UTF-8 (byte {exc.start})"
         ) from None
+    if "\x00" in text:  # faster on the text than on the bytes, and the same test in UTF-8
+        raise MqttError(MALFORMED_PACKET, f"{where}: string contains U+0000")
+    return text
