@@ -253,11 +253,22 @@ def subscriptions(level: int) -> st.SearchStrategy[Subscription]:
     )
 
 
-def ends(level: int, ptype: int, codes: frozenset[int]) -> st.SearchStrategy[p.Packet]:
-    cls = Disconnect if ptype == p.DISCONNECT else Auth
+@st.composite
+def auths(draw: st.DrawFn) -> Auth:
+    """AUTH: empty, or with an Authentication Method (3.15.2.2.2)."""
+    if draw(st.booleans()):
+        return Auth()
+    props = draw(properties(p.AUTH))
+    if props.authentication_method is None:
+        props.authentication_method = draw(texts)
+    return Auth(draw(st.sampled_from(sorted(r.AUTH_CODES))), props)
+
+
+def disconnects(level: int) -> st.SearchStrategy[Disconnect]:
     if level != 5:
-        return st.just(cls())
-    return st.builds(cls, st.sampled_from(sorted(codes)), properties(ptype))
+        return st.just(Disconnect())
+    codes = st.sampled_from(sorted(r.DISCONNECT_CODES))
+    return st.builds(Disconnect, codes, properties(p.DISCONNECT))
 
 
 def client_packets(level: int) -> st.SearchStrategy[p.Packet]:
@@ -278,10 +289,10 @@ def client_packets(level: int) -> st.SearchStrategy[p.Packet]:
             props_for(level, p.UNSUBSCRIBE),
         ),
         st.just(PingReq()),
-        ends(level, p.DISCONNECT, r.DISCONNECT_CODES),
+        disconnects(level),
     ]
     if level == 5:
-        options.append(ends(level, p.AUTH, r.AUTH_CODES))
+        options.append(auths())
     return st.one_of(options)
 
 
@@ -318,8 +329,8 @@ def server_packets(level: int) -> st.SearchStrategy[p.Packet]:
         st.just(PingResp()),
     ]
     if v5:
-        options.append(ends(level, p.DISCONNECT, r.DISCONNECT_CODES))
-        options.append(ends(level, p.AUTH, r.AUTH_CODES))
+        options.append(disconnects(level))
+        options.append(auths())
     return st.one_of(options)
 
 
@@ -727,12 +738,22 @@ PROTOCOL = r.PROTOCOL_ERROR
             "session_expiry_interval is not allowed",
         ),
         (frame(0x30, s("a") + b"\x02\x7f\x00"), 5, MALFORMED, "unknown property 0x7F"),
+        # 1.5.5 inside a packet: a Subscription Identifier or Property Length over 4 bytes.
+        (
+            frame(0x82, b"\x00\x01\x06\x0b\xff\xff\xff\xff\x01" + s("a") + b"\x00"),
+            5,
+            MALFORMED,
+            "subscription_identifiers: variable byte integer longer than 4 bytes",
+        ),
+        (frame(0x30, s("a") + b"\x80\x00"), 5, MALFORMED, "property length: variable byte"),
         (frame(0x30, s("a") + b"\x02\x80\x01"), 5, MALFORMED, "unknown property 0x80"),
         # Property values the spec rules out.
         (frame(0x30, s("a") + b"\x02\x01\x02"), 5, PROTOCOL, "payload_format_indicator is 2"),
         (frame(0x30, s("a") + b"\x03\x23\x00\x00"), 5, r.TOPIC_ALIAS_INVALID, "topic_alias is 0"),
         (frame(0x82, b"\x00\x01\x02\x0b\x00" + s("a") + b"\x00"), 5, PROTOCOL, "identifiers is 0"),
         (frame(0xF0, b"\x18\x04\x16" + s(b"d")[:2] + b"d"), 5, PROTOCOL, "without auth"),
+        (b"\xf0\x01\x18", 5, PROTOCOL, "AUTH: no Authentication Method"),
+        (frame(0xF0, b"\x19\x04\x1f" + s("r")), 5, PROTOCOL, "AUTH: no Authentication Method"),
         # 3.3.4: a client may not send a Subscription Identifier.
         (frame(0x30, s("a") + b"\x02\x0b\x01"), 5, PROTOCOL, "Subscription Identifier"),
         # 3.3.2.1 / 3.3.2.3.4: no wildcard in a topic name; no empty topic without an alias.
@@ -812,7 +833,7 @@ def connect_with(flags: int, rest: bytes = b"", level: int = 4) -> bytes:
     [
         (frame(0x30, s("a")), PROTOCOL, "PUBLISH: the first packet must be CONNECT"),
         (b"\xc0\x00", PROTOCOL, "PINGREQ: the first packet must be CONNECT"),
-        (b"\x00\x00", MALFORMED, "reserved type 0"),
+        (b"\x00\x00", MALFORMED, "packet type 0 is reserved"),
         (b"\x11\x00", MALFORMED, "CONNECT: reserved flags"),
         # 3.1.2.3: the reserved bit of the Connect Flags.
         (connect_with(0x03, s("c")), MALFORMED, "the reserved flag is set"),
@@ -932,6 +953,8 @@ def test_3_x_drops_reason_codes_and_properties(level: int) -> None:
     assert encode(Disconnect(r.SERVER_SHUTTING_DOWN, props), level) == b"\xe0\x00"
     assert encode(UnsubAck(5, [r.SUCCESS]), level) == b"\xb0\x02\x00\x05"
     assert encode(SubAck(5, [0, 1, 2, 0x80]), level) == b"\x90\x06\x00\x05\x00\x01\x02\x80"
+    # A 5.0 failure code becomes 3.1.1's one failure code.
+    assert encode(SubAck(5, [r.NOT_AUTHORIZED]), level) == b"\x90\x03\x00\x05\x80"
     sub = Subscription("a", 1, no_local=True, retain_handling=2)
     assert encode(Subscribe(5, [sub]), level) == b"\x82\x06\x00\x05" + s("a") + b"\x01"
 
@@ -944,6 +967,7 @@ def test_5_0_leaves_out_a_success_code_and_empty_properties() -> None:
     assert encode(Disconnect(), 5) == b"\xe0\x00"
     assert encode(Disconnect(r.SESSION_TAKEN_OVER), 5) == b"\xe0\x01\x8e"
     assert encode(Auth(0, props), 5) == b"\xf0\x06\x00\x04\x1f" + s("r")
+    assert encode(Auth(), 5) == b"\xf0\x00"
 
 
 def test_auth_cannot_be_encoded_before_5_0() -> None:

@@ -174,7 +174,7 @@ class Decoder:
         except MqttError as exc:
             self._fail(exc, pos)
             raise
-        except (IndexError, ValueError, struct.error) as exc:  # a bug here; never the peer's
+        except (LookupError, ValueError, struct.error) as exc:  # a bug here, not the peer's
             error = MqttError(_MALFORMED, f"{_NAMES[first >> 4]}: decoder bug: {exc!r}")
             self._fail(error, pos)
             raise error from exc
@@ -223,7 +223,7 @@ class Decoder:
                     return
             total = start - scan + length
             if total > limit:
-                name = _NAMES.get(buf[scan] >> 4, "packet") if buf[scan] >> 4 else "packet"
+                name = _NAMES[buf[scan] >> 4] if buf[scan] >> 4 else "packet"
                 text = f"{name} of {total} bytes exceeds the maximum packet size of {limit}"
                 self._broken(MqttError(r.PACKET_TOO_LARGE, text), scan)
                 return
@@ -316,10 +316,13 @@ class Decoder:
         level = self.protocol_level
         if not self._connected:
             if ptype != p.CONNECT:
-                text = f"{name}: the first packet must be CONNECT" if ptype else "reserved type 0"
+                text = f"{name}: the first packet must be CONNECT" if ptype else ""
+                text = text or "packet type 0 is reserved"
                 raise MqttError(_PROTOCOL if ptype else _MALFORMED, text)
         elif ptype == 0 or (ptype == p.AUTH and level != 5):
-            raise MqttError(_MALFORMED, f"packet type {ptype} is reserved in MQTT {level}")
+            raise MqttError(
+                _MALFORMED, f"packet type {ptype} is reserved at protocol level {level}"
+            )
         elif ptype not in self._receives or (
             ptype == p.DISCONNECT and not self.server and level != 5
         ):
@@ -537,10 +540,13 @@ def _disconnect_or_auth(
         raise MqttError(_MALFORMED, f"{name}: Remaining Length is {end - pos}, not 0")
     allowed = r.DISCONNECT_CODES if ptype == p.DISCONNECT else r.AUTH_CODES
     code = _reason(buf[pos], allowed, name)
-    if end - pos == 1:
-        return cls(code)
-    props, pos = _properties(buf, pos + 1, end, ptype)
-    _at_end(pos, end, name)
+    props = Properties()
+    if end - pos > 1:
+        props, pos = _properties(buf, pos + 1, end, ptype)
+        _at_end(pos, end, name)
+    if ptype == p.AUTH and props.authentication_method is None:
+        # 3.15.2.2.2: only an AUTH of Remaining Length 0 may leave the method out.
+        raise MqttError(_PROTOCOL, "AUTH: no Authentication Method")
     return cls(code, props)
 
 

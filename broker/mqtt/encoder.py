@@ -262,8 +262,12 @@ def _subscribe(packet: p.Subscribe, level: int) -> bytes:
 
 
 def _suback(packet: p.SubAck, level: int) -> bytes:
-    section = property_section(packet.properties, p.SUBACK) if level == 5 else b""
-    return _frame(0x90, _pack_H(packet.packet_id) + section + bytes(packet.reason_codes))
+    if level == 5:
+        section = property_section(packet.properties, p.SUBACK)
+        return _frame(0x90, _pack_H(packet.packet_id) + section + bytes(packet.reason_codes))
+    # 3.x has one failure code: every 5.0 failure (0x80 and above) becomes 0x80.
+    codes = bytes(code if code < 0x80 else 0x80 for code in packet.reason_codes)
+    return _frame(0x90, _pack_H(packet.packet_id) + codes)
 
 
 def _unsubscribe(packet: p.Unsubscribe, level: int) -> bytes:
