@@ -157,8 +157,9 @@ class PublishTemplate:
             body = len(self.topic_part) + len(varint(props)) + props + len(self.payload)
             body += 2 if qos else 0
             return 1 + len(varint(body)) + body
-        head = self._head1 + self._tail1 + b"pi" if qos else self._head0
-        return 1 + len(head) + len(self.payload)
+        if qos:
+            return 3 + len(self._head1) + len(self._tail1) + len(self.payload)
+        return 1 + len(self._head0) + len(self.payload)
 
     def _render_extra(
         self, first: bytes, qos: int, packet_id: int | None, extra: bytes
