@@ -674,6 +674,28 @@ def test_the_buffer_is_emptied_once_everything_was_handed_out() -> None:
     assert decoder.buffered == 0
 
 
+def test_a_lowered_limit_applies_to_the_packets_that_follow() -> None:
+    # E.g. after CONNECT, to a limit the front end advertised in CONNACK.
+    decoder = server_after_connect(5)
+    decoder.max_packet = 50
+    decoder.receive_data(encode(Publish("a", b"x" * 45), 5))  # 2 + 2 + 1 + 1 + 45 bytes
+    with pytest.raises(MqttError) as info:
+        decoder.next_packet()
+    assert info.value.reason_code == r.PACKET_TOO_LARGE
+
+
+def test_a_packet_fed_in_pieces_is_kept_once() -> None:
+    decoder = server_after_connect(4)
+    data = encode(Publish("a/b", b"z" * 50_000), 4)
+    for i in range(0, len(data) - 1000, 1000):
+        decoder.receive_data(data[i : i + 1000])
+        assert decoder.next_packet() is None
+        assert decoder.buffered == i + 1000
+    decoder.receive_data(data[decoder.buffered :])
+    assert decoder.next_packet() == Publish("a/b", b"z" * 50_000)
+    assert decoder.buffered == 0
+
+
 # -- malformed input -----------------------------------------------------------------------
 
 MALFORMED = r.MALFORMED_PACKET
@@ -968,6 +990,11 @@ def test_5_0_leaves_out_a_success_code_and_empty_properties() -> None:
     assert encode(Disconnect(r.SESSION_TAKEN_OVER), 5) == b"\xe0\x01\x8e"
     assert encode(Auth(0, props), 5) == b"\xf0\x06\x00\x04\x1f" + s("r")
     assert encode(Auth(), 5) == b"\xf0\x00"
+
+
+def test_a_connect_is_encoded_at_its_own_level_only() -> None:
+    with pytest.raises(ValueError, match="level 4 CONNECT"):
+        encode(Connect("c"), 5)
 
 
 def test_auth_cannot_be_encoded_before_5_0() -> None:

@@ -3,8 +3,10 @@
 ``encode(packet, protocol_level)`` writes any packet in the layout of that level: 3.x drops
 what it has no field for (properties; reason codes of acks, UNSUBACK and DISCONNECT), and 5.0
 leaves out a reason code and properties where the spec allows (e.g. a PUBACK with SUCCESS and
-no properties is the packet identifier alone). The encoder trusts its input (the broker
-built it) and checks only what would otherwise produce a stream the decoder refuses.
+no properties is the packet identifier alone). A 3.x SUBACK turns any 5.0 failure code into
+0x80. The encoder trusts its input (the broker built it) and raises ValueError only for a few
+mistakes that are cheap to catch: a property the packet may not carry, QoS > 0 without a
+packet identifier, AUTH before 5.0, a CONNECT whose level is not the one asked for.
 
 Fan-out: ``PublishTemplate`` encodes what N deliveries of one message share (topic, payload,
 shared properties) once; ``render`` adds a delivery's flags, packet identifier and own
