@@ -3,8 +3,10 @@
 ``encode(packet, protocol_level)`` writes any packet in the layout of that level: 3.x drops
 what it has no field for (properties; reason codes of acks, UNSUBACK and DISCONNECT), and 5.0
 leaves out a reason code and properties where the spec allows (e.g. a PUBACK with SUCCESS and
-no properties is the packet identifier alone). The encoder trusts its input (the broker
-built it) and checks only what would otherwise produce a stream the decoder refuses.
+no properties is the packet identifier alone). A 3.x SUBACK turns any 5.0 failure code into
+0x80. The encoder trusts its input (the broker built it) and raises ValueError only for a few
+mistakes that are cheap to catch: a property the packet may not carry, QoS > 0 without a
+packet identifier, AUTH before 5.0, a CONNECT whose level is not the one asked for.
 
 Fan-out: ``PublishTemplate`` encodes what N deliveries of one message share (topic, payload,
 shared properties) once; ``render`` adds a delivery's flags, packet identifier and own
@@ -59,10 +61,17 @@ def encode_publish(
     properties: Properties | None = None,
 ) -> bytes:
     """One PUBLISH packet, without building a ``Publish`` first."""
-    props = b"" if properties is None or protocol_level != 5 else _publish_props(properties)
-    return b"".join(
-        publish_parts(topic.encode(), payload, qos, retain, dup, packet_id, protocol_level, props)
-    )
+    raw = topic.encode()
+    head = _pack_H(len(raw)) + raw
+    if qos:
+        if packet_id is None:
+            raise ValueError(f"a QoS {qos} PUBLISH needs a packet identifier")
+        head += _pack_H(packet_id)
+    if protocol_level == 5:
+        props = b"" if properties is None else encode_properties(properties, p.PUBLISH)
+        head += varint(len(props)) + props if props else _EMPTY_SECTION
+    first = _BYTES[0x30 | dup << 3 | qos << 1 | retain]
+    return first + varint(len(head) + len(payload)) + head + payload
 
 
 def publish_parts(
@@ -150,8 +159,9 @@ class PublishTemplate:
             body = len(self.topic_part) + len(varint(props)) + props + len(self.payload)
             body += 2 if qos else 0
             return 1 + len(varint(body)) + body
-        head = self._head1 + self._tail1 + b"pi" if qos else self._head0
-        return 1 + len(head) + len(self.payload)
+        if qos:
+            return 3 + len(self._head1) + len(self._tail1) + len(self.payload)
+        return 1 + len(self._head0) + len(self.payload)
 
     def _render_extra(
         self, first: bytes, qos: int, packet_id: int | None, extra: bytes
@@ -164,10 +174,6 @@ class PublishTemplate:
             middle = _pack_H(packet_id) + middle
         size = len(self.topic_part) + len(middle) + len(self.payload)
         return [first + varint(size) + self.topic_part + middle, self.payload]
-
-
-def _publish_props(props: Properties) -> bytes:
-    return encode_properties(props, p.PUBLISH)
 
 
 def _connect(packet: p.Connect, level: int) -> bytes:
@@ -259,8 +265,12 @@ def _subscribe(packet: p.Subscribe, level: int) -> bytes:
 
 
 def _suback(packet: p.SubAck, level: int) -> bytes:
-    section = property_section(packet.properties, p.SUBACK) if level == 5 else b""
-    return _frame(0x90, _pack_H(packet.packet_id) + section + bytes(packet.reason_codes))
+    if level == 5:
+        section = property_section(packet.properties, p.SUBACK)
+        return _frame(0x90, _pack_H(packet.packet_id) + section + bytes(packet.reason_codes))
+    # 3.x has one failure code: every 5.0 failure (0x80 and above) becomes 0x80.
+    codes = bytes(code if code < 0x80 else 0x80 for code in packet.reason_codes)
+    return _frame(0x90, _pack_H(packet.packet_id) + codes)
 
 
 def _unsubscribe(packet: p.Unsubscribe, level: int) -> bytes:

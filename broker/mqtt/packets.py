@@ -135,6 +135,15 @@ class Properties:
     subscription_identifier_available: int | None = None
     shared_subscription_available: int | None = None
 
+    def __repr__(self) -> str:
+        """Only the properties that are set: most packets carry none or few."""
+        shown = []
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if value is not None and value != []:
+                shown.append(f"{name}={value!r}")
+        return f"Properties({', '.join(shown)})"
+
 
 @dataclass(slots=True)
 class Will:

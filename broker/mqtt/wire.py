@@ -1,6 +1,6 @@
-"""MQTT data representations (spec 1.5): two-byte integers, variable byte integers, UTF-8
-strings and binary data, read with explicit bounds checks so that bad input can only raise
-``MqttError`` (MALFORMED_PACKET), never IndexError or UnicodeDecodeError."""
+"""MQTT data representations (spec 1.5): variable byte integers, UTF-8 strings and binary
+data (each with a two-byte length), read with explicit bounds checks so that bad input can
+only raise ``MqttError`` (MALFORMED_PACKET), never IndexError or UnicodeDecodeError."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ from broker.mqtt.reasons import MALFORMED_PACKET
 
 __all__ = [
     "MAX_VARINT",
+    "decode_utf8",
     "read_binary",
     "read_string",
-    "read_u16",
     "read_varint",
-    "u16",
     "varint",
     "write_binary",
     "write_string",
@@ -26,20 +25,15 @@ MAX_VARINT = 268_435_455
 
 _pack_H = struct.Struct(">H").pack
 _unpack_H = struct.Struct(">H").unpack_from
-# Single bytes and two-byte big-endian integers, built once: encoding looks them up.
+# One-byte variable byte integers, built once: encoding looks them up.
 _VARINT_1 = tuple(bytes((n,)) for n in range(128))
-
-
-def u16(value: int) -> bytes:
-    """A two-byte big-endian integer."""
-    return _pack_H(value)
 
 
 def varint(value: int) -> bytes:
     """A variable byte integer (spec 1.5.5), in the fewest bytes."""
-    if value < 128:
+    if 0 <= value < 128:
         return _VARINT_1[value]
-    if value > MAX_VARINT:
+    if not 0 <= value <= MAX_VARINT:
         raise ValueError(f"{value} does not fit in a variable byte integer")
     out = bytearray()
     while True:
@@ -61,13 +55,6 @@ def write_string(text: str) -> bytes:
 def write_binary(data: bytes) -> bytes:
     """Binary data: two-byte length, then the bytes."""
     return _pack_H(len(data)) + data
-
-
-def read_u16(data: bytes, pos: int, end: int, where: str) -> int:
-    """The two-byte integer at ``pos``."""
-    if pos + 2 > end:
-        raise MqttError(MALFORMED_PACKET, f"{where}: truncated (two-byte integer)")
-    return _unpack_H(data, pos)[0]
 
 
 def read_varint(data: bytes, pos: int, end: int, where: str) -> tuple[int, int]:
@@ -110,11 +97,12 @@ def read_string(data: bytes, pos: int, end: int, where: str) -> tuple[str, int]:
 
 def decode_utf8(raw: bytes, where: str) -> str:
     """``raw`` as text, or MALFORMED_PACKET for ill-formed UTF-8 or U+0000."""
-    if b"\x00" in raw:
-        raise MqttError(MALFORMED_PACKET, f"{where}: string contains U+0000")
     try:
-        return raw.decode()
+        text = raw.decode()
     except UnicodeDecodeError as exc:
         raise MqttError(
             MALFORMED_PACKET, f"{where}: string is not valid UTF-8 (byte {exc.start})"
         ) from None
+    if "\x00" in text:  # faster on the text than on the bytes, and the same test in UTF-8
+        raise MqttError(MALFORMED_PACKET, f"{where}: string contains U+0000")
+    return text
