@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import paho.mqtt.client as paho
 import pytest
 import trio
+from paho.mqtt.publish import single as paho_publish_single
 from wsproto.connection import Connection, ConnectionType
 from wsproto.events import (
     AcceptConnection,
@@ -162,6 +164,38 @@ async def test_a_plain_http_get_is_refused() -> None:
         assert refused.status == 400
 
 
+def upgrade_request(version: str = "13", extra: str = "") -> bytes:
+    """A WebSocket upgrade request for /mqtt offering mqtt, written out by hand."""
+    return (
+        "GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        f"Sec-WebSocket-Version: {version}\r\nSec-WebSocket-Protocol: mqtt\r\n{extra}\r\n"
+    ).encode()
+
+
+async def test_another_websocket_version_gets_426_naming_13() -> None:
+    async with serving() as server, ws_connection(server.address) as client:
+        await client.send_raw(upgrade_request(version="8"))
+        answer = await client.read_all_raw()
+        assert answer.startswith(b"HTTP/1.1 426 ")
+        assert b"\r\nSec-WebSocket-Version: 13\r\n" in answer
+        refused = await server.outcome()
+        assert isinstance(refused, WebSocketRefused)
+        assert refused.status == 426
+
+
+async def test_a_request_head_over_20_kib_is_refused() -> None:
+    # h11 refuses once over 16 KiB wait without forming a head; the server reads 4 KiB at a time.
+    async with serving() as server, ws_connection(server.address) as client:
+        await client.send_raw(upgrade_request(extra=f"X-Padding: {'x' * 20_500}\r\n"))
+        refused = await server.outcome()
+        assert isinstance(refused, WebSocketRefused)
+        assert refused.status == 400
+        # The server stopped reading and closed: the client gets the 400, or a reset first.
+        with contextlib.suppress(trio.BrokenResourceError):
+            assert (await client.read_all_raw()).startswith(b"HTTP/1.1 400 ")
+
+
 async def test_bytes_that_are_not_http_are_refused() -> None:
     async with serving() as server, ws_connection(server.address) as client:
         await client.send_raw(b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00")  # MQTT CONNECT
@@ -258,6 +292,24 @@ async def test_send_all_is_one_binary_message_per_call() -> None:
                 got.append(bytes(data))
         assert got == [b"\x20\x02\x00\x00", b"\xd0\x00", b"x" * 70_000]
         assert await client.next_event() == CloseConnection(code=1000, reason="")
+
+
+async def test_a_send_cancelled_halfway_leaves_the_stream_broken(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def send_to_a_client_that_does_not_read(ws: WebSocketStream) -> None:
+        with trio.move_on_after(1.0) as scope:  # fires once the socket buffers are full
+            while True:  # ends by the cancel: the client never reads
+                await ws.send_all(b"x" * 1_000_000)
+        assert scope.cancelled_caught
+        await ws.send_all(b"\xc0\x00")  # a frame cut short cannot be followed
+
+    async with serving(send_to_a_client_that_does_not_read) as server:
+        async with ws_connection(server.address) as client:
+            await client.handshake()
+            ended = await server.outcome()
+    assert isinstance(ended, Ended)
+    assert str(ended.error) == "an earlier send failed halfway"
 
 
 @pytest.mark.parametrize("length", [0, 1, 125, 126, 65_535, 65_536, 70_000])
@@ -420,11 +472,39 @@ async def read_packet(ws: WebSocketStream, buffer: bytearray) -> tuple[int, byte
         buffer += data
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
-@pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_js_publishes_through_the_websocket(version: int) -> None:
+async def mqtt_js_publish(address: tuple[str, int], version: int) -> None:
+    if shutil.which("node") is None:
+        pytest.skip("needs Node.js")
     if not (JS / "node_modules" / "mqtt").is_dir():
         pytest.skip("MQTT.js is not installed: `make test` installs it")
+    host, port = address
+    command = ["node", str(JS / "mqtt_pub.js"), f"ws://{host}:{port}/mqtt", "a/b", "héllo"]
+    done = await trio.run_process(
+        [*command, "--protocol-version", str(version)], capture_stderr=True, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+
+
+async def paho_publish(address: tuple[str, int], version: int) -> None:
+    host, port = address
+    protocol = paho.MQTTv311 if version == 4 else paho.MQTTv5
+    publish = partial(
+        paho_publish_single,
+        "a/b",
+        "héllo",
+        hostname=host,
+        port=port,
+        protocol=protocol,
+        transport="websockets",  # path /mqtt, subprotocol mqtt
+    )
+    await trio.to_thread.run_sync(publish, abandon_on_cancel=True)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.parametrize("publish", [mqtt_js_publish, paho_publish], ids=["mqtt.js", "paho"])
+async def test_a_real_mqtt_client_publishes_through_the_websocket(
+    publish: Callable[[tuple[str, int], int], Awaitable[None]], version: int
+) -> None:
     seen: list[tuple[int, bytes]] = []
 
     async def fake_broker(ws: WebSocketStream) -> None:
@@ -436,20 +516,14 @@ async def test_mqtt_js_publishes_through_the_websocket(version: int) -> None:
         assert await ws.receive_some() == b""
 
     async with serving(fake_broker) as server:
-        host, port = server.address
-        url = f"ws://{host}:{port}/mqtt"
         with trio.fail_after(30):
-            command = ["node", str(JS / "mqtt_pub.js"), url, "a/b", "héllo"]
-            done = await trio.run_process(
-                [*command, "--protocol-version", str(version)], capture_stderr=True, check=False
-            )
-            assert done.returncode == 0, done.stderr.decode()
+            await publish(server.address, version)
             ended = await server.outcome()
     assert ended == Ended("mqtt", None)
-    (connect_type, connect), (publish_type, publish), (disconnect_type, _) = seen
+    (connect_type, connect), (publish_type, packet), (disconnect_type, _) = seen
     assert (connect_type, connect[:6], connect[6]) == (0x10, b"\x00\x04MQTT", version)
-    topic_end = 2 + int.from_bytes(publish[:2], "big")
+    topic_end = 2 + int.from_bytes(packet[:2], "big")
     properties = 1 if version == 5 else 0  # an empty property list
-    assert (publish_type, publish[2:topic_end]) == (0x30, b"a/b")
-    assert publish[topic_end + properties :] == "héllo".encode()
+    assert (publish_type, packet[2:topic_end]) == (0x30, b"a/b")
+    assert packet[topic_end + properties :] == "héllo".encode()
     assert disconnect_type == 0xE0

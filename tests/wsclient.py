@@ -22,10 +22,11 @@ from wsproto.events import (
 )
 
 RECEIVE_SIZE = 64 * 1024
+WAIT = 10.0  # seconds any one read may wait for the server
 
 
 class WsClient:
-    """One client connection; every read is bounded by the caller's cancel scope."""
+    """One client connection; every read fails with TooSlowError after ``WAIT`` seconds."""
 
     def __init__(self, stream: trio.abc.Stream, host: str) -> None:
         self.stream = stream
@@ -60,7 +61,8 @@ class WsClient:
     async def next_event(self) -> Event | None:
         """The server's next WebSocket event; None when the TCP connection ends."""
         while not self._events:  # each pass reads the socket: bounded by the server's bytes
-            data = await self.stream.receive_some(RECEIVE_SIZE)
+            with trio.fail_after(WAIT):
+                data = await self.stream.receive_some(RECEIVE_SIZE)
             if not data:
                 return None
             self.ws.receive_data(data)
@@ -80,8 +82,9 @@ class WsClient:
     async def read_all_raw(self) -> bytes:
         """Everything the server sends until it closes: for answers that are not WebSocket."""
         got = bytearray()
-        while data := await self.stream.receive_some(RECEIVE_SIZE):
-            got += data
+        with trio.fail_after(WAIT):
+            while data := await self.stream.receive_some(RECEIVE_SIZE):
+                got += data
         return bytes(got)
 
 

@@ -13,8 +13,9 @@ plus the MQTT rules of section 6:
 - each ``send_all`` is one binary message.
 
 Limits, so one client cannot cost more than its connection: the request head is bounded by h11
-(16 KiB), the whole handshake by ``timeout``, and one received message by ``max_message``
-(close code 1009). Payload bytes are handed on as frames arrive, never buffered whole.
+(16 KiB, plus the 4 KiB read that completes it), the whole handshake by ``timeout``, and one
+received message by ``max_message`` (close code 1009). Payload bytes are handed on as frames
+arrive, never buffered whole.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 __all__ = ["WebSocketRefused", "WebSocketStream", "accept_websocket", "binary_frame_header"]
 
 RECEIVE_SIZE: Final = 64 * 1024
+# h11 refuses a request head once more than 16 KiB wait without forming one; reading the
+# handshake in small steps keeps that the limit (a 64 KiB read could hold a whole 60 KiB head).
+HANDSHAKE_RECEIVE_SIZE: Final = 4 * 1024
 MQTT_PATH: Final = "/mqtt"
 MQTT_SUBPROTOCOLS: Final = ("mqtt", "mqttv3.1")
 HANDSHAKE_TIMEOUT: Final = 10.0
@@ -318,12 +322,13 @@ async def _handshake(
 
 
 async def _read_request(stream: trio.abc.Stream, ws: WSConnection) -> Request:
-    """The upgrade request; h11 bounds its size, the caller's timeout its duration."""
+    """The upgrade request; h11 bounds its size (16 KiB + one read), the caller's timeout its
+    duration."""
     while True:
         for event in ws.events():
             if isinstance(event, Request):
                 return event
-        data = await stream.receive_some(RECEIVE_SIZE)
+        data = await stream.receive_some(HANDSHAKE_RECEIVE_SIZE)
         if not data:
             raise WebSocketRefused("connection closed during the handshake")
         ws.receive_data(data)
