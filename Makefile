@@ -23,7 +23,14 @@ browser:
 		|| { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; \
 	fi
 
-test: $(STAMP) browser
+# MQTT.js, the Node client the MQTT front-end tests run (tests/js/mqtt_sub.js, mqtt_pub.js),
+# at the exact versions in tests/js/package-lock.json; reinstalled when the lock changes.
+JS_STAMP := tests/js/node_modules/.installed
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json
+	cd tests/js && npm ci --no-audit --no-fund
+	touch $(JS_STAMP)
+
+test: $(STAMP) browser $(JS_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
