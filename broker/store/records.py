@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SessionRecord", "StoreError", "StoreStatistics", "StoredMessage", "open_failure"]
+__all__ = [
+    "RetainedMessage",
+    "SessionRecord",
+    "StoreError",
+    "StoreStatistics",
+    "StoredMessage",
+    "open_failure",
+]
 
 
 class StoreError(Exception):
@@ -24,6 +31,16 @@ class StoredMessage:
     seq: int
     msg_id: str
     topic: str
+    payload: bytes
+    headers: dict[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedMessage:
+    """The retained message of one topic, as stored."""
+
+    topic: str
+    msg_id: str
     payload: bytes
     headers: dict[str, str] | None
 

@@ -36,7 +36,13 @@ import msgpack
 
 from broker.store.files import fsync_directory
 from broker.store.pragmas import configure
-from broker.store.records import SessionRecord, StoredMessage, StoreError, open_failure
+from broker.store.records import (
+    RetainedMessage,
+    SessionRecord,
+    StoredMessage,
+    StoreError,
+    open_failure,
+)
 from broker.store.schema import check_or_create_schema
 
 if TYPE_CHECKING:  # the outcomes of a batch are in the shape the group-commit queue resolves
@@ -389,10 +395,13 @@ class SqliteBackend:
         headers: bytes | None,
         deliveries: Sequence[tuple[str, int]],
         publisher_msg_id: str | None,
+        retain: bool = False,
     ) -> bool:
         """Store the message once plus a delivery row each; False for a duplicate publish.
 
-        ``headers`` arrives msgpack-encoded already (encoded in the caller's task).
+        ``headers`` arrives msgpack-encoded already (encoded in the caller's task). With
+        ``retain`` the message also becomes its topic's retained message (an empty payload
+        deletes that instead); a duplicate changes nothing.
         """
         execute = self.conn.execute
         now = self.clock()
@@ -405,6 +414,8 @@ class SqliteBackend:
                 self.duplicates += 1
                 return False
             self.published += 1
+        if retain:
+            self._retain(topic, msg_id, payload, headers)
         if not deliveries and self.retention_seconds <= 0:
             return True  # nobody needs it: nothing to keep
         rowid = execute(
@@ -463,6 +474,8 @@ class SqliteBackend:
                     continue
                 self.published += 1
             outcomes.append((True, True))
+            if op.retain:
+                self._retain(op.topic, op.msg_id, op.payload, op.headers)
             if op.deliveries or keep_all:
                 stored.append(op)
         if not stored:
@@ -494,6 +507,18 @@ class SqliteBackend:
             [(next_seq, client_id, next_seq) for client_id, next_seq in next_seqs.items()],
         )
         return outcomes
+
+    def _retain(self, topic: str, msg_id: str, payload: bytes, headers: bytes | None) -> None:
+        """Make this the retained message of ``topic``; an empty payload deletes it."""
+        if payload:
+            self.conn.execute(
+                "INSERT INTO retained (topic, msg_id, payload, headers) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (topic) DO UPDATE SET msg_id = excluded.msg_id, "
+                "payload = excluded.payload, headers = excluded.headers",
+                (topic, msg_id, payload, headers),
+            )
+        else:
+            self.conn.execute("DELETE FROM retained WHERE topic = ?", (topic,))
 
     def _insert_rows(self, insert: str, width: int, values: list[Any]) -> None:
         """Insert ``values`` (rows of ``width`` flattened) with multi-row INSERTs."""
@@ -626,6 +651,17 @@ class SqliteBackend:
             for seq, msg_id, topic, payload, headers in rows
         ]
 
+    def retained(self) -> list[RetainedMessage]:
+        """Every retained message, by topic."""
+        rows = self.conn.execute(
+            "SELECT topic, msg_id, payload, headers FROM retained ORDER BY topic"
+        )
+        unpack = msgpack.unpackb
+        return [
+            RetainedMessage(topic, msg_id, payload, None if headers is None else unpack(headers))
+            for topic, msg_id, payload, headers in rows
+        ]
+
 
 @cache
 def _values_sql(insert: str, width: int, rows: int) -> str:
@@ -637,7 +673,15 @@ class Append:
     """One queued ``append``: a plain object rather than a partial, so that a batch can
     recognise a run of them and store it with multi-row statements (``_append_run``)."""
 
-    __slots__ = ("deliveries", "headers", "msg_id", "payload", "publisher_msg_id", "topic")
+    __slots__ = (
+        "deliveries",
+        "headers",
+        "msg_id",
+        "payload",
+        "publisher_msg_id",
+        "retain",
+        "topic",
+    )
 
     def __init__(
         self,
@@ -647,6 +691,7 @@ class Append:
         headers: bytes | None,
         deliveries: Sequence[tuple[str, int]],
         publisher_msg_id: str | None,
+        retain: bool = False,
     ) -> None:
         self.msg_id = msg_id
         self.topic = topic
@@ -654,6 +699,7 @@ class Append:
         self.headers = headers  # msgpack-encoded already
         self.deliveries = deliveries
         self.publisher_msg_id = publisher_msg_id
+        self.retain = retain  # also the topic's retained message (empty payload: delete it)
 
     def __call__(self, backend: SqliteBackend) -> bool:
         return backend.append(
@@ -663,6 +709,7 @@ class Append:
             headers=self.headers,
             deliveries=self.deliveries,
             publisher_msg_id=self.publisher_msg_id,
+            retain=self.retain,
         )
 
 
