@@ -9,6 +9,11 @@ the native protocol). The core itself never looks at it.
 One message in ``Broker.latency_sample_every`` carries the trio time it was routed
 (``routed_at``; 0.0 for the others): each session's writer notes it as it sends the MSG,
 for the publish-to-delivery latency histogram.
+
+Retained messages: ``retain`` says the publisher set the retain flag (MQTT's Retain As
+Published passes it on); ``from_retained`` says this delivery comes from the retained store,
+on subscribe. The store keeps Message objects of its own (``broker.core.retained``), so the
+shared encoding of a live-routed message and that of its retained copy never mix.
 """
 
 from __future__ import annotations
@@ -18,16 +23,24 @@ class Message:
     __slots__ = (
         "encoded",
         "encoded_fields",
+        "from_retained",
         "headers",
         "msg_id",
         "payload",
+        "retain",
         "routed_at",
         "size",
         "topic",
     )
 
     def __init__(
-        self, topic: str, payload: bytes, headers: dict[str, str] | None, msg_id: str
+        self,
+        topic: str,
+        payload: bytes,
+        headers: dict[str, str] | None,
+        msg_id: str,
+        retain: bool = False,
+        from_retained: bool = False,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -38,6 +51,8 @@ class Message:
         self.encoded: bytes | None = None
         self.encoded_fields = 0
         self.routed_at = 0.0  # trio time it was routed, for a sampled message; else 0.0
+        self.retain = retain  # the publisher set the retain flag
+        self.from_retained = from_retained  # delivered from the retained store on subscribe
 
     def __repr__(self) -> str:
         return f"<Message {self.msg_id} {self.topic!r} {self.size} bytes>"
