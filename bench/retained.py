@@ -34,6 +34,7 @@ topics, each MSG flagged ``retained``.
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import time
@@ -50,6 +51,7 @@ import routing  # noqa: E402
 from bench.harness.report import arg_parser, fmt, machine_info, write_report  # noqa: E402
 from broker.client import connect  # noqa: E402
 from broker.config import BrokerConfig  # noqa: E402
+from broker.log import configure_logging  # noqa: E402
 from broker.server import run_broker  # noqa: E402
 
 DEFAULT_SIZES = (10_000, 100_000)
@@ -215,6 +217,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    configure_logging(level=logging.WARNING)  # the in-process broker's, on stderr
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
     for size in args.size_list:
