@@ -154,6 +154,7 @@ class Broker:
             publisher_msg_id=work.publisher_msg_id,
             on_done=partial(self._settled, deliveries),
             retain=work.retain,
+            from_retained=message.from_retained,
         )
         for session, through in work.trims or ():
             await self.store.begin_trim_through(session.client_id, through)
@@ -178,6 +179,7 @@ class Broker:
                 work.publisher_msg_id,
                 partial(self._settled, deliveries),
                 work.retain,
+                message.from_retained,
             )
         except (trio.WouldBlock, StoreError):
             return None

@@ -26,13 +26,15 @@ def open_failure(path: str, problem: str, exc: BaseException | None = None) -> S
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """One pending delivery of a session, with its message."""
+    """One pending delivery of a session, with its message (``retained``: a copy of a
+    retained message, sent because the session subscribed)."""
 
     seq: int
     msg_id: str
     topic: str
     payload: bytes
     headers: dict[str, str] | None
+    retained: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,9 @@ What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
 
 - ``messages``: each message once, however many sessions need it. ``refs`` counts the delivery
   rows that point at it; when it reaches 0 the message is deleted at once, or, with
-  ``retention_seconds`` > 0, by a periodic sweep once ``stored_at`` is that old.
+  ``retention_seconds`` > 0, by a periodic sweep once ``stored_at`` is that old. ``retained``
+  is 1 for a copy of a retained message stored for a durable session that subscribed (so
+  its redeliveries still say they come from the retained store).
 - ``sessions``: one row per durable session: its shared group, ``last_ack`` (every seq at or
   below it is done) and ``next_seq`` (the next seq the broker may assign).
 - ``filters``: the session's (filter, dialect) pairs.
@@ -14,9 +16,10 @@ What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
 - ``retained``: the retained message of each topic (the last one published with the retain
   flag; an empty payload deleted it), loaded into memory at start-up.
 
-Versions: 1 had no ``retained`` table; 2 adds it. A file of an older version is migrated when
-it is opened (``MIGRATIONS``, in one transaction); a newer one, or a file that is not a
-topiary database at all, is refused with a ``StoreError`` that says so.
+Versions: 1 had no ``retained`` table and no ``messages.retained``; 2 adds them. A file of
+an older version is migrated when it is opened (``MIGRATIONS``, in one transaction); a newer
+one, or a file that is not a topiary database at all, is refused with a ``StoreError`` that
+says so.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ SCHEMA = (
         payload BLOB NOT NULL,
         headers BLOB NULL,
         stored_at REAL NOT NULL,
-        refs INTEGER NOT NULL
+        refs INTEGER NOT NULL,
+        retained INTEGER NOT NULL DEFAULT 0
     )""",
     # Only unreferenced messages (kept for retention_seconds) are in this index.
     "CREATE INDEX messages_unreferenced ON messages (stored_at) WHERE refs <= 0",
@@ -85,7 +89,9 @@ TABLES = frozenset(
     {"meta", "messages", "sessions", "filters", "deliveries", "published", "retained"}
 )
 #: version -> the statements that take a file of that version to the next one.
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: (_RETAINED,)}
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (_RETAINED, "ALTER TABLE messages ADD COLUMN retained INTEGER NOT NULL DEFAULT 0"),
+}
 
 
 def check_or_create_schema(conn: sqlite3.Connection, path: str) -> None:

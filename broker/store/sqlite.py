@@ -396,12 +396,14 @@ class SqliteBackend:
         deliveries: Sequence[tuple[str, int]],
         publisher_msg_id: str | None,
         retain: bool = False,
+        from_retained: bool = False,
     ) -> bool:
         """Store the message once plus a delivery row each; False for a duplicate publish.
 
         ``headers`` arrives msgpack-encoded already (encoded in the caller's task). With
         ``retain`` the message also becomes its topic's retained message (an empty payload
-        deletes that instead); a duplicate changes nothing.
+        deletes that instead); a duplicate changes nothing. ``from_retained`` marks the stored
+        message as a copy of a retained message (``StoredMessage.retained``).
         """
         execute = self.conn.execute
         now = self.clock()
@@ -419,9 +421,9 @@ class SqliteBackend:
         if not deliveries and self.retention_seconds <= 0:
             return True  # nobody needs it: nothing to keep
         rowid = execute(
-            "INSERT INTO messages (msg_id, topic, payload, headers, stored_at, refs) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (msg_id, topic, payload, headers, now, len(deliveries)),
+            "INSERT INTO messages (msg_id, topic, payload, headers, stored_at, refs, retained) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (msg_id, topic, payload, headers, now, len(deliveries), int(from_retained)),
         ).lastrowid
         self.messages += 1
         try:
@@ -484,9 +486,12 @@ class SqliteBackend:
         messages: list[Any] = []
         deliveries: list[Any] = []
         next_seqs: dict[str, int] = {}
+        copies: list[int] = []  # rowids of copies of retained messages (rare: flagged apart)
         for op in stored:
             refs = len(op.deliveries)
             messages += (rowid, op.msg_id, op.topic, op.payload, op.headers, now, refs)
+            if op.from_retained:
+                copies.append(rowid)
             for client_id, seq in op.deliveries:
                 deliveries += (client_id, seq, rowid)
                 if next_seqs.get(client_id, 0) <= seq:
@@ -499,6 +504,11 @@ class SqliteBackend:
             messages,
         )
         self.messages += len(stored)
+        if copies:
+            execute(
+                f"UPDATE messages SET retained = 1 WHERE rowid IN ({','.join('?' * len(copies))})",
+                copies,
+            )
         self._insert_rows("INSERT INTO deliveries (client_id, seq, message) VALUES ", 3, deliveries)
         self.deliveries += len(deliveries) // 3
         execute_many = self.conn.executemany
@@ -640,15 +650,22 @@ class SqliteBackend:
         if limit <= 0:
             return []
         rows = self.conn.execute(
-            "SELECT d.seq, m.msg_id, m.topic, m.payload, m.headers FROM deliveries AS d "
-            "JOIN messages AS m ON m.rowid = d.message "
+            "SELECT d.seq, m.msg_id, m.topic, m.payload, m.headers, m.retained "
+            "FROM deliveries AS d JOIN messages AS m ON m.rowid = d.message "
             "WHERE d.client_id = ? AND d.seq > ? ORDER BY d.seq LIMIT ?",
             (client_id, after_seq, limit),
         )
         unpack = msgpack.unpackb
         return [
-            StoredMessage(seq, msg_id, topic, payload, None if headers is None else unpack(headers))
-            for seq, msg_id, topic, payload, headers in rows
+            StoredMessage(
+                seq,
+                msg_id,
+                topic,
+                payload,
+                None if headers is None else unpack(headers),
+                bool(retained),
+            )
+            for seq, msg_id, topic, payload, headers, retained in rows
         ]
 
     def retained(self) -> list[RetainedMessage]:
@@ -675,6 +692,7 @@ class Append:
 
     __slots__ = (
         "deliveries",
+        "from_retained",
         "headers",
         "msg_id",
         "payload",
@@ -692,6 +710,7 @@ class Append:
         deliveries: Sequence[tuple[str, int]],
         publisher_msg_id: str | None,
         retain: bool = False,
+        from_retained: bool = False,
     ) -> None:
         self.msg_id = msg_id
         self.topic = topic
@@ -700,6 +719,7 @@ class Append:
         self.deliveries = deliveries
         self.publisher_msg_id = publisher_msg_id
         self.retain = retain  # also the topic's retained message (empty payload: delete it)
+        self.from_retained = from_retained  # a copy of a retained message, for a subscriber
 
     def __call__(self, backend: SqliteBackend) -> bool:
         return backend.append(
@@ -710,6 +730,7 @@ class Append:
             deliveries=self.deliveries,
             publisher_msg_id=self.publisher_msg_id,
             retain=self.retain,
+            from_retained=self.from_retained,
         )
 
 

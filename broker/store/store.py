@@ -284,6 +284,7 @@ class Store:
         deliveries: Sequence[tuple[str, int]],
         publisher_msg_id: str | None = None,
         retain: bool = False,
+        from_retained: bool = False,
     ) -> bool:
         """Store a message once and one pending delivery per (client_id, seq); durable on return.
 
@@ -294,7 +295,8 @@ class Store:
         its publisher id is. If the caller is cancelled while waiting, the message may still
         have been stored (at-least-once). With ``retain`` the message also becomes the
         retained message of its topic (an empty payload deletes the topic's instead), in the
-        same transaction; a duplicate changes nothing.
+        same transaction; a duplicate changes nothing. ``from_retained`` marks the stored
+        message as a copy of a retained message (its ``StoredMessage.retained``).
         """
         return await self._queue.submit(
             Append(
@@ -305,6 +307,7 @@ class Store:
                 tuple((client_id, seq) for client_id, seq in deliveries),
                 publisher_msg_id,
                 retain,
+                from_retained,
             )
         )
 
@@ -319,6 +322,7 @@ class Store:
         publisher_msg_id: str | None = None,
         on_done: OnDone | None = None,
         retain: bool = False,
+        from_retained: bool = False,
     ) -> Pending:
         """``append``, returning once it is queued: the broker's reader must not wait for a
         commit per PUB, or there would be nothing to group. ``await handle.wait()`` gives
@@ -326,7 +330,14 @@ class Store:
         outcome is known. Operations still commit in call order."""
         blob = None if headers is None else msgpack.packb(headers)
         work = Append(
-            msg_id, topic, bytes(payload), blob, tuple(deliveries), publisher_msg_id, retain
+            msg_id,
+            topic,
+            bytes(payload),
+            blob,
+            tuple(deliveries),
+            publisher_msg_id,
+            retain,
+            from_retained,
         )
         return await self._queue.enqueue(work, on_done)
 
@@ -340,12 +351,15 @@ class Store:
         publisher_msg_id: str | None,
         on_done: OnDone | None = None,
         retain: bool = False,
+        from_retained: bool = False,
     ) -> Pending:
         """``begin_append`` without a checkpoint when the queue has room (the broker's reader
         queues one per PUB between two reads); ``trio.WouldBlock``, nothing queued, when it
         is full."""
         blob = None if headers is None else msgpack.packb(headers)
-        work = Append(msg_id, topic, bytes(payload), blob, deliveries, publisher_msg_id, retain)
+        work = Append(
+            msg_id, topic, bytes(payload), blob, deliveries, publisher_msg_id, retain, from_retained
+        )
         return self._enqueue_nowait(work, on_done)
 
     async def begin_ack(self, client_id: str, seq: int) -> Pending:
