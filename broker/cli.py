@@ -138,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     pub = commands.add_parser("pub", help="publish messages")
     pub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
     pub.add_argument("--confirm", action="store_true", help="wait for the broker's PUBACK")
+    pub.add_argument(
+        "--retain",
+        action="store_true",
+        help="make it the topic's retained message (an empty message deletes it)",
+    )
     pub.add_argument("topic")
     pub.add_argument("message", nargs="?", help="the payload; without it, one per stdin line")
 
@@ -332,12 +337,14 @@ async def _pub(args: argparse.Namespace) -> int:
     _quiet_logs()
     async with connect(args.server) as client:
         if args.message is not None:
-            await client.publish(args.topic, os.fsencode(args.message), confirm=args.confirm)
+            await client.publish(
+                args.topic, os.fsencode(args.message), confirm=args.confirm, retain=args.retain
+            )
             return 0
         stdin = trio.wrap_file(sys.stdin.buffer)
         async for line in stdin:
             payload = line[:-1] if line.endswith(b"\n") else line
-            await client.publish(args.topic, payload, confirm=args.confirm)
+            await client.publish(args.topic, payload, confirm=args.confirm, retain=args.retain)
     return 0
 
 

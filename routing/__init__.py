@@ -7,6 +7,7 @@ from routing.cache import MatchCache
 from routing.covering import covers
 from routing.errors import TopicError
 from routing.filters import MQTT, NATIVE, Filter, parse_filter
+from routing.retained import RetainedTrie
 from routing.summary import Summarizer, SummaryChange
 from routing.table import SubscriptionTable, TableStatistics
 from routing.topics import MAX_LEVELS, MAX_TOPIC_BYTES, is_system_topic, validate_topic
@@ -18,6 +19,7 @@ __all__ = [
     "NATIVE",
     "Filter",
     "MatchCache",
+    "RetainedTrie",
     "SubscriptionTable",
     "Summarizer",
     "SummaryChange",

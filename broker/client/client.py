@@ -204,7 +204,11 @@ class Client:
             request_id = next(self._ids)
             waiter = Waiter(None)
             self._waiters[request_id] = waiter
-            self._write(frames.Sub(id=request_id, filter=sub.filter, dialect=sub.dialect))
+            self._write(
+                frames.Sub(
+                    id=request_id, filter=sub.filter, dialect=sub.dialect, retained=sub.retained
+                )
+            )
             self._renewals[request_id] = sub
         for _request_id, waiter in pending:
             if isinstance(waiter.request, bytes):
@@ -299,6 +303,7 @@ class Client:
             id=frame.msg_id,
             sub=frame.sub,
             discarded=frame.discarded,
+            retained=frame.retained,
         )
         if frame.discarded:
             self.discarded += frame.discarded
@@ -376,8 +381,13 @@ class Client:
         headers: dict[str, str] | None = None,
         confirm: bool = False,
         msg_id: str | None = None,
+        retain: bool = False,
     ) -> None:
-        """Publish; with ``confirm`` wait for the broker's PUBACK (BrokerError if refused)."""
+        """Publish; with ``confirm`` wait for the broker's PUBACK (BrokerError if refused).
+
+        ``retain`` makes it the retained message of its topic, sent to every later
+        subscription that matches it (an empty payload deletes the topic's instead); with
+        ``confirm`` the PUBACK comes once that is stored."""
         routing.validate_topic(topic)
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         if headers is not None and not all(
@@ -397,6 +407,8 @@ class Client:
             wire["headers"] = headers
         if msg_id is not None:
             wire["msg_id"] = msg_id
+        if retain:
+            wire["retain"] = True
         if confirm:
             request_id = next(self._ids)
             wire["id"] = request_id
@@ -526,11 +538,15 @@ class Client:
         dialect: str = "native",
         *,
         sync: bool = False,
+        retained: bool = True,
         buffer: int = SUBSCRIPTION_BUFFER,
     ) -> AsyncIterator[Subscription]:
-        """Subscribe; the broker has confirmed it when the block starts."""
+        """Subscribe; the broker has confirmed it when the block starts.
+
+        With ``retained`` (the default) the broker then sends the retained messages the
+        filter matches (``Message.retained`` is True for them); False asks for none."""
         routing.parse_filter(filter, dialect)  # a bad filter fails here, with its reason
-        sub = Subscription(self, filter, dialect, buffer)
+        sub = Subscription(self, filter, dialect, buffer, retained)
         if self._unclaimed:
             await self._claim(sub)
         # Registered before the SUB goes out, so that a resumed durable session's backlog,
@@ -538,7 +554,9 @@ class Client:
         self._local.add(filter, sub, dialect)
         try:
             reply = await self._request(
-                lambda rid: frames.Sub(id=rid, filter=filter, dialect=dialect, sync=sync)
+                lambda rid: frames.Sub(
+                    id=rid, filter=filter, dialect=dialect, sync=sync, retained=retained
+                )
             )
         except BaseException:
             self._local.remove(filter, sub, dialect)

@@ -34,6 +34,9 @@ class Message:
     #: messages for this client the broker dropped just before this one (its queue was
     #: full because the client read too slowly); 0 when none were
     discarded: int = 0
+    #: True when the message comes from the broker's retained store (sent because this
+    #: subscription was made), not because it was just published
+    retained: bool = False
 
     @property
     def text(self) -> str:
@@ -49,10 +52,13 @@ class Requester(Protocol):
 class Subscription:
     """Messages for one filter; iterate with ``async for``."""
 
-    def __init__(self, client: Requester, filter: str, dialect: str, buffer: int) -> None:
+    def __init__(
+        self, client: Requester, filter: str, dialect: str, buffer: int, retained: bool = True
+    ) -> None:
         self.client = client
         self.filter = filter
         self.dialect = dialect
+        self.retained = retained  # asked for retained messages (again after a reconnect)
         self.sub_id: int | None = None
         self._send, self._receive = trio.open_memory_channel[Message | Exception](buffer)
         self.closed = False

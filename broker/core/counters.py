@@ -29,6 +29,7 @@ class Counters:
     turns_yielded: int = 0
     subscribes: int = 0
     unsubscribes: int = 0
+    retained_sent: int = 0
     errors: Counter[str] = field(default_factory=Counter)
 
     def snapshot(self) -> dict[str, Any]:
@@ -53,5 +54,6 @@ class Counters:
             "turns_yielded": self.turns_yielded,
             "subscribes": self.subscribes,
             "unsubscribes": self.unsubscribes,
+            "retained_sent": self.retained_sent,
             "errors": dict(self.errors),
         }

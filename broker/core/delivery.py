@@ -19,12 +19,14 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class DurableWork:
-    """What one PUB asks of the store: the message and its (session, seq) deliveries."""
+    """What one PUB asks of the store: the message and its (session, seq) deliveries, and
+    with ``retain`` that it becomes its topic's retained message (empty payload: deleted)."""
 
     message: Message
     deliveries: list[tuple[Session, int]]
     publisher_msg_id: str | None
     trims: list[tuple[Session, int]] | None = None  # drop-oldest: (session, through seq)
+    retain: bool = False
 
 
 class QuotaExceeded(Exception):

@@ -9,6 +9,11 @@ the native protocol). The core itself never looks at it.
 One message in ``Broker.latency_sample_every`` carries the trio time it was routed
 (``routed_at``; 0.0 for the others): each session's writer notes it as it sends the MSG,
 for the publish-to-delivery latency histogram.
+
+Retained messages: ``retain`` says the publisher set the retain flag (MQTT's Retain As
+Published passes it on); ``from_retained`` says this delivery comes from the retained store,
+on subscribe. The store keeps Message objects of its own (``broker.core.retained``), so the
+shared encoding of a live-routed message and that of its retained copy never mix.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ class Message:
         "encoded",
         "encoded_fields",
         "expires_at",
+        "from_retained",
         "headers",
         "mqtt_props",
         "mqtt_shared",
@@ -26,6 +32,7 @@ class Message:
         "origin",
         "payload",
         "qos",
+        "retain",
         "routed_at",
         "size",
         "topic",
@@ -38,6 +45,8 @@ class Message:
         headers: dict[str, str] | None,
         msg_id: str,
         qos: int = 1,
+        retain: bool = False,
+        from_retained: bool = False,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -60,6 +69,8 @@ class Message:
         self.origin: object = None
         self.mqtt_props: bytes | None = None
         self.mqtt_shared: tuple | None = None
+        self.retain = retain  # the publisher set the retain flag
+        self.from_retained = from_retained  # delivered from the retained store on subscribe
 
     def __repr__(self) -> str:
         return f"<Message {self.msg_id} {self.topic!r} {self.size} bytes>"

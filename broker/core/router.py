@@ -6,6 +6,12 @@ on every topic; what it asks of the store comes back as ``DurableWork`` for the
 caller to queue before it reads on. Only opening sessions and talking to the
 store awaits. Front ends (broker/native/, one package per protocol) call in;
 the router calls out only through ``Session.deliver`` and the ``Mesh``.
+
+Retained messages (``publish(..., retain=True)``) are routed like any other and also kept
+as their topic's retained message (``Retained``; in the store too, in the same append), and
+a new subscription is sent the retained messages it matches (``deliver_retained``). They
+stay off the path of an ordinary publish: one test of ``retain``. Retained state is this
+broker's: a message forwarded to a peer is retained by the broker it was published to.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from broker.core.groups import Group
 from broker.core.hot import HotSpots
 from broker.core.message import Message
 from broker.core.reports import REPORTS_FILTER, Reports
+from broker.core.retained import Retained
 from broker.core.session import OutboundLimits, Session
 from broker.core.sessions import SessionRegistry, run_prefix
 from broker.histogram import Histogram
@@ -74,6 +81,8 @@ class Broker:
             self.config, store, self.limits, self.counters, self._id_prefix
         )
         self._recent_ids = RecentIds(self.config.dedup_window)
+        # The last retained message of each topic (loaded from the store by ``load``).
+        self.retained = Retained()
         # Publish-to-delivery latency, seconds: from routing a sampled message (every
         # ``latency_sample_every``-th that reaches a session) to a writer sending its MSG.
         self.latency_sample_every = LATENCY_SAMPLE_EVERY
@@ -122,7 +131,11 @@ class Broker:
         return self.registry.describe()
 
     async def load(self) -> int:
-        """Restore the durable sessions in the store (their filters route again at once)."""
+        """Restore the durable sessions in the store (their filters route again at once)
+        and the retained messages; returns how many sessions."""
+        if self.store is not None:
+            for kept in await self.store.retained():
+                self.retained.update(kept.topic, kept.payload, kept.headers, kept.msg_id)
         restored = await self.registry.restore()
         for session, filters in restored:
             for text, dialect in filters:
@@ -143,6 +156,8 @@ class Broker:
             deliveries=[(session.client_id, seq) for session, seq in deliveries],
             publisher_msg_id=work.publisher_msg_id,
             on_done=partial(self._settled, deliveries),
+            retain=work.retain,
+            from_retained=message.from_retained,
         )
         for session, through in work.trims or ():
             await self.store.begin_trim_through(session.client_id, through)
@@ -166,6 +181,8 @@ class Broker:
                 tuple([(session.client_id, seq) for session, seq in deliveries]),
                 work.publisher_msg_id,
                 partial(self._settled, deliveries),
+                work.retain,
+                message.from_retained,
             )
         except (trio.WouldBlock, StoreError):
             return None
@@ -281,12 +298,19 @@ class Broker:
         payload: bytes,
         headers: dict[str, str] | None = None,
         msg_id: str | None = None,
+        *,
+        retain: bool = False,
     ) -> DurableWork | None:
         """Route one message to every interested session.
 
-        Returns the store work when durable sessions got it (the caller queues it with
-        ``persist`` before reading on, so the store sees appends in routing order).
+        Returns the store work when durable sessions got it, or when it is retained and
+        there is a store (the caller queues it with ``persist`` before reading on, so the
+        store sees appends in routing order). With ``retain`` the message (flagged
+        ``retain``) also replaces its topic's retained message; an empty payload deletes
+        that instead, and is routed all the same.
         """
+        if retain:
+            return self._publish_retained(topic, payload, headers, msg_id)
         counters = self.counters
         if msg_id is not None and self._recent_ids.seen(msg_id):
             counters.duplicates_dropped += 1
@@ -327,8 +351,9 @@ class Broker:
         self, message: Message, publisher_msg_id: str | None = None
     ) -> DurableWork | None:
         """``publish`` for a message a front end built itself (MQTT: with its QoS, expiry,
-        origin and properties); ``publisher_msg_id`` is the publisher's id, for the
-        duplicate filter, if it gave one."""
+        origin and properties; ``message.retain`` makes it its topic's retained message);
+        ``publisher_msg_id`` is the publisher's id, for the duplicate filter, if it gave
+        one."""
         counters = self.counters
         if publisher_msg_id is not None and self._recent_ids.seen(publisher_msg_id):
             counters.duplicates_dropped += 1
@@ -345,10 +370,98 @@ class Broker:
             publisher_msg_id,
             message,
             remote=bool(dests),
-        )
+        )  # (raises QuotaExceeded before anything is retained)
         if dests:
             peering.forward(message, publisher_msg_id is not None, dests, 1, self.server_id)
+        if not message.retain:
+            return work
+        self.retained.update(
+            message.topic, message.payload, message.headers, message.msg_id, like=message
+        )
+        if self.store is None:
+            return None
+        if work is None:
+            work = DurableWork(message, [], publisher_msg_id)
+        work.retain = True
         return work
+
+    def _publish_retained(
+        self, topic: str, payload: bytes, headers: dict[str, str] | None, msg_id: str | None
+    ) -> DurableWork | None:
+        """``publish`` with the retain flag: routed as usual, then kept (or deleted)."""
+        counters = self.counters
+        if msg_id is not None and self._recent_ids.seen(msg_id):
+            counters.duplicates_dropped += 1
+            return None
+        counters.messages_in += 1
+        counters.bytes_in += len(payload)
+        message = Message(topic, payload, headers, msg_id or self.next_msg_id(), retain=True)
+        peering = self.peering
+        dests = peering.wanting(topic) if peering.active else None
+        work = self._route(
+            topic, payload, headers, message.msg_id, msg_id, message, remote=bool(dests)
+        )  # (raises QuotaExceeded before anything is retained)
+        if dests:
+            peering.forward(message, msg_id is not None, dests, 1, self.server_id)
+        self.retained.update(topic, payload, headers, message.msg_id)
+        if self.store is None:
+            return None
+        if work is None:
+            work = DurableWork(message, [], msg_id)
+        work.retain = True
+        return work
+
+    def retained_matching(self, flt: routing.Filter) -> list[Message]:
+        """The retained messages ``flt`` matches (flagged ``retain`` and ``from_retained``;
+        the same objects for every subscriber, so their encoding is made once)."""
+        return self.retained.matching(flt)
+
+    async def deliver_retained(self, session: Session, sub_id: int, flt: routing.Filter) -> int:
+        """Queue to ``session`` the retained messages ``flt`` matches, for its subscription
+        ``sub_id``; how many were queued.
+
+        A durable session gets them like routed messages: a seq each and a stored delivery
+        (so they come again until acked). A transient one gets ``deliver_retained_nowait``.
+        A shared group gets none (MQTT's rule for ``$share``).
+        """
+        if session.shared:
+            return 0
+        if not session.durable or self.store is None:
+            return self.deliver_retained_nowait(session, sub_id, flt)
+        config = self.config
+        counters = self.counters
+        sent = 0
+        for message in self.retained.matching(flt):
+            if config.overflow == "reject-publish" and session.would_overflow(
+                message.size, config.session_max_messages, config.session_max_bytes
+            ):
+                break  # full: the rest are not sent (as publishes would be refused)
+            session.deliver(message, sub_id)
+            seq = session.seq
+            session.track(seq, message.size, trio.current_time())
+            through, dropped = session.trim_to(
+                config.session_max_messages, config.session_max_bytes
+            )
+            trims = None
+            if dropped:
+                counters.quota_dropped += dropped
+                trims = [(session, through)]
+            # Queued before the next seq is assigned: the store sees a session's seqs in order.
+            await self.persist(DurableWork(message, [(session, seq)], None, trims))
+            sent += 1
+        counters.retained_sent += sent
+        return sent
+
+    def deliver_retained_nowait(self, session: Session, sub_id: int, flt: routing.Filter) -> int:
+        """``deliver_retained`` for a transient session, without waiting: each message is
+        queued as a routed one is (dropped, and counted, when the queue is full)."""
+        if session.shared:
+            return 0
+        sent = 0
+        for message in self.retained.matching(flt):
+            sent += session.deliver(message, sub_id)
+        self.counters.retained_sent += sent
+        return sent
 
     def seen_msg_id(self, msg_id: str) -> bool:
         """True if a publisher's ``msg_id`` was routed lately (the duplicate filter)."""
@@ -513,6 +626,8 @@ class Broker:
                 },
                 "queued": sum(s.queued for s in self.sessions.values()),
                 "worst_dropping": self.worst_dropping(),
+                "retained_messages": len(self.retained),
+                "retained_bytes": self.retained.bytes,
             }
         )
         if self.peering.active:

@@ -77,6 +77,10 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "subscribes": ("subscribes", "Subscribe requests served."),
     "unsubscribes": ("unsubscribes", "Unsubscribe requests served."),
     "store_errors": ("store_errors", "Store writes that failed."),
+    "retained_sent": (
+        "retained_sent",
+        "Retained messages queued to new subscriptions (from the retained store).",
+    ),
 }
 
 
@@ -118,6 +122,16 @@ class BrokerCollector:
             sum(s.queued for s in broker.sessions.values()),
         )
         yield _gauge("topiary_uptime_seconds", "Seconds since the broker started.", broker.uptime)
+        yield _gauge(
+            "topiary_retained_messages",
+            "Retained messages held (one per topic).",
+            len(broker.retained),
+        )
+        yield _gauge(
+            "topiary_retained_bytes",
+            "Payload bytes of the retained messages held.",
+            broker.retained.bytes,
+        )
         yield _gauge("topiary_groups", "Shared groups held.", len(broker.groups))
         yield _gauge(
             "topiary_group_members",

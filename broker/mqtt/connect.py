@@ -233,8 +233,7 @@ def _will_message(conn: MqttConnection, connect: Connect) -> Message:
     props = will.properties
     headers = dict(props.user_properties) if props.user_properties else None
     message = Message(will.topic, will.payload, headers, conn.broker.next_msg_id(), will.qos)
-    if will.retain:
-        message.retain = True  # type: ignore[attr-defined]
+    message.retain = will.retain
     if connect.protocol_level == 5:
         message.mqtt_props = pass_through_properties(
             payload_format=props.payload_format_indicator,

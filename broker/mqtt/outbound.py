@@ -164,7 +164,8 @@ class Outbound:
         parts: list[bytes | memoryview] = []
         self._now = trio.current_time()
         for m in page:
-            self.append(parts, Message(m.topic, m.payload, m.headers, m.msg_id), 0, m.seq)
+            message = Message(m.topic, m.payload, m.headers, m.msg_id, from_retained=m.retained)
+            self.append(parts, message, 0, m.seq)
         session.sent_upto = page[-1].seq
         broker.counters.messages_replayed += len(page)
         data = b"".join(parts)
@@ -189,9 +190,7 @@ class Outbound:
         if delivery.skip:
             return 0
         qos = min(message.qos, delivery.qos)
-        retain = getattr(message, "from_retained", False) or (
-            delivery.retain_as_published and getattr(message, "retain", False)
-        )
+        retain = message.from_retained or (delivery.retain_as_published and message.retain)
         pid = 0
         dup = False
         if qos:

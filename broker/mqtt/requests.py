@@ -183,11 +183,7 @@ class Requests:
                 )
             if props.message_expiry_interval is not None:
                 message.expires_at = trio.current_time() + props.message_expiry_interval
-        if p.retain:
-            message.retain = True  # type: ignore[attr-defined]
-            retain = getattr(broker, "retain_message", None)
-            if retain is not None:
-                retain(message)
+        message.retain = p.retain
         try:
             work = broker.publish_message(message)
         except QuotaExceeded as exc:
@@ -308,10 +304,8 @@ class Requests:
             if sub.retain_handling == 0 or (sub.retain_handling == 1 and existing is None):
                 retained.append((sub_id, flt))
         self._send(SubAck(p.packet_id, codes))
-        deliver = getattr(broker, "deliver_retained", None)
-        if deliver is not None:
-            for sub_id, flt in retained:
-                await deliver(session, sub_id, flt)
+        for sub_id, flt in retained:
+            await broker.deliver_retained(session, sub_id, flt)
         return None
 
     async def _unsubscribe(self, p: Unsubscribe) -> Closing | None:

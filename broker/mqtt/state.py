@@ -154,9 +154,8 @@ class MqttFrontEnd:
         """Route a will like any publish (its store work queued in a task of ours)."""
         self.counters.wills_published += 1
         broker = self.broker
-        retain = getattr(broker, "retain_message", None)
-        if will.retain and retain is not None:  # (retained messages: broker.core.retained)
-            retain(will)
+        if will.expires_at < 0:  # an interval, counted from now (broker.mqtt.connect)
+            will.expires_at = trio.current_time() - will.expires_at
         work = broker.publish_message(will)
         if work is not None and broker.store is not None:
             self._spawn(broker.persist, work)

@@ -374,7 +374,12 @@ class ClientConnection:
             session.sent_upto = min(target, session.committed_upto)
             return
         data = b"".join(
-            encode_msg(Message(m.topic, m.payload, m.headers, m.msg_id), 0, m.seq) for m in page
+            encode_msg(
+                Message(m.topic, m.payload, m.headers, m.msg_id, from_retained=m.retained),
+                0,
+                m.seq,
+            )
+            for m in page
         )
         session.sent_upto = page[-1].seq
         self.broker.counters.messages_replayed += len(page)

@@ -10,6 +10,10 @@ and one call. Two things make it more than a table:
   subscribers are stored before it is confirmed) is deferred to ``_later`` and awaited
   before the next frame is handled, so each client's requests take effect in order while
   the handlers themselves stay synchronous. PUBACKs go through ``Confirms``.
+
+A SUB (unless ``retained`` is false) is followed by the retained messages its filter
+matches, after its SUBACK: queued at once for a transient session, through the store for a
+durable one (deferred like the rest), none for a shared group.
 """
 
 from __future__ import annotations
@@ -154,9 +158,15 @@ class Requests:
         while events[end].__class__ is Sub:  # (the list ends with None)
             end += 1
         frames = events[start:end]
-        sub_ids = self.broker.subscribe_many(self.session, [frame.parsed for frame in frames])
+        broker = self.broker
+        session = self.session
+        sub_ids = broker.subscribe_many(session, [frame.parsed for frame in frames])
         replies = map(self.proto.send_suback, [frame.id for frame in frames], sub_ids)
-        self.session.send_control(b"".join(replies))
+        session.send_control(b"".join(replies))
+        if len(broker.retained):  # (the SUBACKs go ahead of the MSGs: control frames)
+            for frame, sub_id in zip(frames, sub_ids, strict=True):
+                if frame.retained:
+                    broker.deliver_retained_nowait(session, sub_id, frame.parsed)
         return end
 
     def _unsubscribe_run(self, events: list[Any], start: int) -> int:
@@ -197,7 +207,12 @@ class Requests:
             )
             return
         try:
-            work = broker.publish(frame.topic, frame.payload, frame.headers, frame.msg_id)
+            if frame.retain:
+                work = broker.publish(
+                    frame.topic, frame.payload, frame.headers, frame.msg_id, retain=True
+                )
+            else:  # (the hot path: the call as it was before retained messages)
+                work = broker.publish(frame.topic, frame.payload, frame.headers, frame.msg_id)
         except QuotaExceeded as exc:
             self._refuse(RemoteProtocolError(ErrorCode.QUOTA_EXCEEDED, str(exc), ref=frame.id))
             return
@@ -227,6 +242,11 @@ class Requests:
             self._later.append((self._sync_sub, (owner, sub_id, frame, reply)))
         elif not owner.durable:
             session.send_control(reply)
+        if frame.retained and not owner.shared and len(broker.retained):
+            if owner.durable or sync:  # after the deferred SUBACK, through the store
+                self._later.append((self._send_retained, (owner, sub_id, frame.parsed)))
+            else:  # the SUBACK (a control frame) goes ahead of them
+                broker.deliver_retained_nowait(owner, sub_id, frame.parsed)
 
     def _unsub(self, frame: Unsub) -> None:
         owner = self._owner()
@@ -350,6 +370,12 @@ class Requests:
                 ref=frame.id,
             )
         )
+
+    async def _send_retained(self, owner: Session, sub_id: int, flt: routing.Filter) -> None:
+        """The retained messages for a new subscription, unless it is gone again (a
+        ``sync`` SUB that failed)."""
+        if sub_id in owner.subs:
+            await self.broker.deliver_retained(owner, sub_id, flt)
 
     async def _drop_stored_session(self, frame: DropSession) -> None:
         dropped = await self.broker.drop_session(frame.client_id, requester=self.session)

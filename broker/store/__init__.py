@@ -3,12 +3,18 @@
 ``Store`` (store.py) is the trio API; writes go through one group-commit queue
 (group_commit.py) so that a batch of appends and acks is one transaction of the
 synchronous SQLite backend (sqlite.py), run in a worker thread. The file's
-schema is in schema.py, its settings in pragmas.py, the directory lock in
+schema is in schema.py (with its migrations), its settings in pragmas.py, the directory lock in
 files.py and the values the store hands out in records.py.
 """
 
 from broker.store.group_commit import Pending
-from broker.store.records import SessionRecord, StoredMessage, StoreError, StoreStatistics
+from broker.store.records import (
+    RetainedMessage,
+    SessionRecord,
+    StoredMessage,
+    StoreError,
+    StoreStatistics,
+)
 from broker.store.schema import DB_FILENAME, SCHEMA_VERSION
 from broker.store.store import Store
 
@@ -16,6 +22,7 @@ __all__ = [
     "DB_FILENAME",
     "SCHEMA_VERSION",
     "Pending",
+    "RetainedMessage",
     "SessionRecord",
     "Store",
     "StoreError",

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SessionRecord", "StoreError", "StoreStatistics", "StoredMessage", "open_failure"]
+__all__ = [
+    "RetainedMessage",
+    "SessionRecord",
+    "StoreError",
+    "StoreStatistics",
+    "StoredMessage",
+    "open_failure",
+]
 
 
 class StoreError(Exception):
@@ -19,11 +26,23 @@ def open_failure(path: str, problem: str, exc: BaseException | None = None) -> S
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """One pending delivery of a session, with its message."""
+    """One pending delivery of a session, with its message (``retained``: a copy of a
+    retained message, sent because the session subscribed)."""
 
     seq: int
     msg_id: str
     topic: str
+    payload: bytes
+    headers: dict[str, str] | None
+    retained: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedMessage:
+    """The retained message of one topic, as stored."""
+
+    topic: str
+    msg_id: str
     payload: bytes
     headers: dict[str, str] | None
 

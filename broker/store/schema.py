@@ -4,16 +4,22 @@ What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
 
 - ``messages``: each message once, however many sessions need it. ``refs`` counts the delivery
   rows that point at it; when it reaches 0 the message is deleted at once, or, with
-  ``retention_seconds`` > 0, by a periodic sweep once ``stored_at`` is that old.
+  ``retention_seconds`` > 0, by a periodic sweep once ``stored_at`` is that old. ``retained``
+  is 1 for a copy of a retained message stored for a durable session that subscribed (so
+  its redeliveries still say they come from the retained store).
 - ``sessions``: one row per durable session: its shared group, ``last_ack`` (every seq at or
   below it is done) and ``next_seq`` (the next seq the broker may assign).
 - ``filters``: the session's (filter, dialect) pairs.
 - ``deliveries``: the pending queue, one row (client_id, seq, message) per delivery not yet
   acknowledged, trimmed or dropped with its session.
 - ``published``: the newest ``dedup_window`` publisher message ids, for duplicate filtering.
+- ``retained``: the retained message of each topic (the last one published with the retain
+  flag; an empty payload deleted it), loaded into memory at start-up.
 
-A file of another version, or that is not a topiary database at all, is refused with a
-``StoreError`` that says so; there is no migration yet.
+Versions: 1 had no ``retained`` table and no ``messages.retained``; 2 adds them. A file of
+an older version is migrated when it is opened (``MIGRATIONS``, in one transaction); a newer
+one, or a file that is not a topiary database at all, is refused with a ``StoreError`` that
+says so.
 """
 
 from __future__ import annotations
@@ -22,10 +28,24 @@ import sqlite3
 
 from broker.store.records import open_failure
 
-__all__ = ["DB_FILENAME", "SCHEMA", "SCHEMA_VERSION", "TABLES", "check_or_create_schema"]
+__all__ = [
+    "DB_FILENAME",
+    "MIGRATIONS",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "TABLES",
+    "check_or_create_schema",
+]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DB_FILENAME = "topiary.db"
+
+_RETAINED = """CREATE TABLE retained (
+        topic TEXT PRIMARY KEY,
+        msg_id TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        headers BLOB NULL
+    )"""
 
 SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL)",
@@ -36,7 +56,8 @@ SCHEMA = (
         payload BLOB NOT NULL,
         headers BLOB NULL,
         stored_at REAL NOT NULL,
-        refs INTEGER NOT NULL
+        refs INTEGER NOT NULL,
+        retained INTEGER NOT NULL DEFAULT 0
     )""",
     # Only unreferenced messages (kept for retention_seconds) are in this index.
     "CREATE INDEX messages_unreferenced ON messages (stored_at) WHERE refs <= 0",
@@ -62,8 +83,15 @@ SCHEMA = (
         PRIMARY KEY (client_id, seq)
     ) WITHOUT ROWID""",
     "CREATE TABLE published (msg_id TEXT PRIMARY KEY, at REAL NOT NULL)",
+    _RETAINED,
 )
-TABLES = frozenset({"meta", "messages", "sessions", "filters", "deliveries", "published"})
+TABLES = frozenset(
+    {"meta", "messages", "sessions", "filters", "deliveries", "published", "retained"}
+)
+#: version -> the statements that take a file of that version to the next one.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (_RETAINED, "ALTER TABLE messages ADD COLUMN retained INTEGER NOT NULL DEFAULT 0"),
+}
 
 
 def check_or_create_schema(conn: sqlite3.Connection, path: str) -> None:
@@ -103,7 +131,29 @@ def check_or_create_schema(conn: sqlite3.Connection, path: str) -> None:
             f"({SCHEMA_VERSION}); use a newer topiary",
         )
     if version < SCHEMA_VERSION:
-        raise open_failure(path, f"unknown older schema version {version}")
+        _migrate(conn, path)
+        present = tables()
     missing = TABLES - present
     if missing:
         raise open_failure(path, f"tables missing: {', '.join(sorted(missing))}")
+
+
+def _migrate(conn: sqlite3.Connection, path: str) -> None:
+    """Take an older file to ``SCHEMA_VERSION``, one version at a time, in one transaction
+    (the version is read again inside it: another opener may have migrated it already)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        (version,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        while version < SCHEMA_VERSION:
+            steps = MIGRATIONS.get(version)
+            if steps is None:
+                raise open_failure(path, f"unknown older schema version {version}")
+            for statement in steps:
+                conn.execute(statement)
+            version += 1
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise

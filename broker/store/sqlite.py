@@ -36,7 +36,13 @@ import msgpack
 
 from broker.store.files import fsync_directory
 from broker.store.pragmas import configure
-from broker.store.records import SessionRecord, StoredMessage, StoreError, open_failure
+from broker.store.records import (
+    RetainedMessage,
+    SessionRecord,
+    StoredMessage,
+    StoreError,
+    open_failure,
+)
 from broker.store.schema import check_or_create_schema
 
 if TYPE_CHECKING:  # the outcomes of a batch are in the shape the group-commit queue resolves
@@ -389,10 +395,15 @@ class SqliteBackend:
         headers: bytes | None,
         deliveries: Sequence[tuple[str, int]],
         publisher_msg_id: str | None,
+        retain: bool = False,
+        from_retained: bool = False,
     ) -> bool:
         """Store the message once plus a delivery row each; False for a duplicate publish.
 
-        ``headers`` arrives msgpack-encoded already (encoded in the caller's task).
+        ``headers`` arrives msgpack-encoded already (encoded in the caller's task). With
+        ``retain`` the message also becomes its topic's retained message (an empty payload
+        deletes that instead); a duplicate changes nothing. ``from_retained`` marks the stored
+        message as a copy of a retained message (``StoredMessage.retained``).
         """
         execute = self.conn.execute
         now = self.clock()
@@ -405,12 +416,14 @@ class SqliteBackend:
                 self.duplicates += 1
                 return False
             self.published += 1
+        if retain:
+            self._retain(topic, msg_id, payload, headers)
         if not deliveries and self.retention_seconds <= 0:
             return True  # nobody needs it: nothing to keep
         rowid = execute(
-            "INSERT INTO messages (msg_id, topic, payload, headers, stored_at, refs) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (msg_id, topic, payload, headers, now, len(deliveries)),
+            "INSERT INTO messages (msg_id, topic, payload, headers, stored_at, refs, retained) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (msg_id, topic, payload, headers, now, len(deliveries), int(from_retained)),
         ).lastrowid
         self.messages += 1
         try:
@@ -463,6 +476,8 @@ class SqliteBackend:
                     continue
                 self.published += 1
             outcomes.append((True, True))
+            if op.retain:
+                self._retain(op.topic, op.msg_id, op.payload, op.headers)
             if op.deliveries or keep_all:
                 stored.append(op)
         if not stored:
@@ -471,9 +486,12 @@ class SqliteBackend:
         messages: list[Any] = []
         deliveries: list[Any] = []
         next_seqs: dict[str, int] = {}
+        copies: list[int] = []  # rowids of copies of retained messages (rare: flagged apart)
         for op in stored:
             refs = len(op.deliveries)
             messages += (rowid, op.msg_id, op.topic, op.payload, op.headers, now, refs)
+            if op.from_retained:
+                copies.append(rowid)
             for client_id, seq in op.deliveries:
                 deliveries += (client_id, seq, rowid)
                 if next_seqs.get(client_id, 0) <= seq:
@@ -486,6 +504,11 @@ class SqliteBackend:
             messages,
         )
         self.messages += len(stored)
+        if copies:
+            execute(
+                f"UPDATE messages SET retained = 1 WHERE rowid IN ({','.join('?' * len(copies))})",
+                copies,
+            )
         self._insert_rows("INSERT INTO deliveries (client_id, seq, message) VALUES ", 3, deliveries)
         self.deliveries += len(deliveries) // 3
         execute_many = self.conn.executemany
@@ -494,6 +517,18 @@ class SqliteBackend:
             [(next_seq, client_id, next_seq) for client_id, next_seq in next_seqs.items()],
         )
         return outcomes
+
+    def _retain(self, topic: str, msg_id: str, payload: bytes, headers: bytes | None) -> None:
+        """Make this the retained message of ``topic``; an empty payload deletes it."""
+        if payload:
+            self.conn.execute(
+                "INSERT INTO retained (topic, msg_id, payload, headers) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (topic) DO UPDATE SET msg_id = excluded.msg_id, "
+                "payload = excluded.payload, headers = excluded.headers",
+                (topic, msg_id, payload, headers),
+            )
+        else:
+            self.conn.execute("DELETE FROM retained WHERE topic = ?", (topic,))
 
     def _insert_rows(self, insert: str, width: int, values: list[Any]) -> None:
         """Insert ``values`` (rows of ``width`` flattened) with multi-row INSERTs."""
@@ -615,15 +650,33 @@ class SqliteBackend:
         if limit <= 0:
             return []
         rows = self.conn.execute(
-            "SELECT d.seq, m.msg_id, m.topic, m.payload, m.headers FROM deliveries AS d "
-            "JOIN messages AS m ON m.rowid = d.message "
+            "SELECT d.seq, m.msg_id, m.topic, m.payload, m.headers, m.retained "
+            "FROM deliveries AS d JOIN messages AS m ON m.rowid = d.message "
             "WHERE d.client_id = ? AND d.seq > ? ORDER BY d.seq LIMIT ?",
             (client_id, after_seq, limit),
         )
         unpack = msgpack.unpackb
         return [
-            StoredMessage(seq, msg_id, topic, payload, None if headers is None else unpack(headers))
-            for seq, msg_id, topic, payload, headers in rows
+            StoredMessage(
+                seq,
+                msg_id,
+                topic,
+                payload,
+                None if headers is None else unpack(headers),
+                bool(retained),
+            )
+            for seq, msg_id, topic, payload, headers, retained in rows
+        ]
+
+    def retained(self) -> list[RetainedMessage]:
+        """Every retained message, by topic."""
+        rows = self.conn.execute(
+            "SELECT topic, msg_id, payload, headers FROM retained ORDER BY topic"
+        )
+        unpack = msgpack.unpackb
+        return [
+            RetainedMessage(topic, msg_id, payload, None if headers is None else unpack(headers))
+            for topic, msg_id, payload, headers in rows
         ]
 
 
@@ -637,7 +690,16 @@ class Append:
     """One queued ``append``: a plain object rather than a partial, so that a batch can
     recognise a run of them and store it with multi-row statements (``_append_run``)."""
 
-    __slots__ = ("deliveries", "headers", "msg_id", "payload", "publisher_msg_id", "topic")
+    __slots__ = (
+        "deliveries",
+        "from_retained",
+        "headers",
+        "msg_id",
+        "payload",
+        "publisher_msg_id",
+        "retain",
+        "topic",
+    )
 
     def __init__(
         self,
@@ -647,6 +709,8 @@ class Append:
         headers: bytes | None,
         deliveries: Sequence[tuple[str, int]],
         publisher_msg_id: str | None,
+        retain: bool = False,
+        from_retained: bool = False,
     ) -> None:
         self.msg_id = msg_id
         self.topic = topic
@@ -654,6 +718,8 @@ class Append:
         self.headers = headers  # msgpack-encoded already
         self.deliveries = deliveries
         self.publisher_msg_id = publisher_msg_id
+        self.retain = retain  # also the topic's retained message (empty payload: delete it)
+        self.from_retained = from_retained  # a copy of a retained message, for a subscriber
 
     def __call__(self, backend: SqliteBackend) -> bool:
         return backend.append(
@@ -663,6 +729,8 @@ class Append:
             headers=self.headers,
             deliveries=self.deliveries,
             publisher_msg_id=self.publisher_msg_id,
+            retain=self.retain,
+            from_retained=self.from_retained,
         )
 
 

@@ -39,7 +39,13 @@ import trio
 from broker.histogram import Histogram
 from broker.store.files import lock_directory
 from broker.store.group_commit import GroupCommit, OnDone, Outcome, Pending
-from broker.store.records import SessionRecord, StoredMessage, StoreError, StoreStatistics
+from broker.store.records import (
+    RetainedMessage,
+    SessionRecord,
+    StoredMessage,
+    StoreError,
+    StoreStatistics,
+)
 from broker.store.schema import DB_FILENAME
 from broker.store.sqlite import Append, RowCounts, SqliteBackend, Work
 from broker.store.threads import run_sync_at_once
@@ -277,6 +283,8 @@ class Store:
         headers: dict[str, str] | None,
         deliveries: Sequence[tuple[str, int]],
         publisher_msg_id: str | None = None,
+        retain: bool = False,
+        from_retained: bool = False,
     ) -> bool:
         """Store a message once and one pending delivery per (client_id, seq); durable on return.
 
@@ -285,7 +293,10 @@ class Store:
         exist (else ``StoreError``, nothing stored) and its ``next_seq`` becomes at least
         ``seq + 1``. With no deliveries the message is not kept (unless retention is on), but
         its publisher id is. If the caller is cancelled while waiting, the message may still
-        have been stored (at-least-once).
+        have been stored (at-least-once). With ``retain`` the message also becomes the
+        retained message of its topic (an empty payload deletes the topic's instead), in the
+        same transaction; a duplicate changes nothing. ``from_retained`` marks the stored
+        message as a copy of a retained message (its ``StoredMessage.retained``).
         """
         return await self._queue.submit(
             Append(
@@ -295,6 +306,8 @@ class Store:
                 None if headers is None else msgpack.packb(headers),
                 tuple((client_id, seq) for client_id, seq in deliveries),
                 publisher_msg_id,
+                retain,
+                from_retained,
             )
         )
 
@@ -308,13 +321,24 @@ class Store:
         deliveries: Sequence[tuple[str, int]],
         publisher_msg_id: str | None = None,
         on_done: OnDone | None = None,
+        retain: bool = False,
+        from_retained: bool = False,
     ) -> Pending:
         """``append``, returning once it is queued: the broker's reader must not wait for a
         commit per PUB, or there would be nothing to group. ``await handle.wait()`` gives
         ``append``'s result once committed; ``on_done(error)`` is called as soon as the
         outcome is known. Operations still commit in call order."""
         blob = None if headers is None else msgpack.packb(headers)
-        work = Append(msg_id, topic, bytes(payload), blob, tuple(deliveries), publisher_msg_id)
+        work = Append(
+            msg_id,
+            topic,
+            bytes(payload),
+            blob,
+            tuple(deliveries),
+            publisher_msg_id,
+            retain,
+            from_retained,
+        )
         return await self._queue.enqueue(work, on_done)
 
     def append_nowait(
@@ -326,12 +350,16 @@ class Store:
         deliveries: tuple[tuple[str, int], ...],
         publisher_msg_id: str | None,
         on_done: OnDone | None = None,
+        retain: bool = False,
+        from_retained: bool = False,
     ) -> Pending:
         """``begin_append`` without a checkpoint when the queue has room (the broker's reader
         queues one per PUB between two reads); ``trio.WouldBlock``, nothing queued, when it
         is full."""
         blob = None if headers is None else msgpack.packb(headers)
-        work = Append(msg_id, topic, bytes(payload), blob, deliveries, publisher_msg_id)
+        work = Append(
+            msg_id, topic, bytes(payload), blob, deliveries, publisher_msg_id, retain, from_retained
+        )
         return self._enqueue_nowait(work, on_done)
 
     async def begin_ack(self, client_id: str, seq: int) -> Pending:
@@ -366,6 +394,10 @@ class Store:
         return await self._queue.submit(
             partial(SqliteBackend.ack_one, client_id=client_id, seq=seq)
         )
+
+    async def retained(self) -> list[RetainedMessage]:
+        """Every retained message (what ``append(..., retain=True)`` left), by topic."""
+        return await self._read(SqliteBackend.retained)
 
     async def pending(self, client_id: str, after_seq: int, limit: int) -> list[StoredMessage]:
         """Up to ``limit`` pending deliveries with seq > ``after_seq``, in seq order."""

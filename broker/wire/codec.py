@@ -2,7 +2,8 @@
 
 Wire form: each frame body is a msgpack map with a ``"type"`` key holding the wire type (the
 class's ``TYPE``) and one key per field, named as the field. Fields whose value is None are
-left out, and a missing optional field takes its default, so the two spellings are equal.
+left out (so are the flags in ``_OFF_WHEN_FALSE`` when False), and a missing optional
+field takes its default, so the spellings are equal.
 
 Compatibility rule: keys a receiver does not know are ignored, so a newer peer may add
 optional fields without breaking older ones. An unknown ``type`` is an error (UNKNOWN_TYPE),
@@ -45,6 +46,7 @@ from broker.wire.frames import (
     FRAME_TYPES,
     Frame,
     Fwd,
+    Msg,
     Pub,
     PubAck,
     Sub,
@@ -105,6 +107,11 @@ _NAMES: dict[type[Frame], frozenset[str]] = {
 }
 
 
+#: Flags added to a frame later, left off the wire when False: such a frame is then the
+#: same bytes as before the flag existed (and absent reads as False).
+_OFF_WHEN_FALSE: Final = frozenset({(Pub, "retain"), (Msg, "retained")})
+
+
 def encode_frame(frame: Frame) -> bytes:
     """The msgpack body of ``frame`` (no length prefix; ``Connection.send`` adds it)."""
     try:
@@ -113,10 +120,11 @@ def encode_frame(frame: Frame) -> bytes:
         raise LocalProtocolError(
             ErrorCode.INTERNAL, f"not a frame: {type(frame).__name__}"
         ) from None
+    cls = type(frame)
     wire: dict[str, Any] = {"type": frame.TYPE}
     for name, _default in fields:
         value = getattr(frame, name)
-        if value is not None:
+        if value is not None and (value is not False or (cls, name) not in _OFF_WHEN_FALSE):
             wire[name] = value
     return msgpack.packb(wire, use_bin_type=True)
 
@@ -191,6 +199,7 @@ _pub_payload = _slot_setter(Pub, "payload")
 _pub_headers = _slot_setter(Pub, "headers")
 _pub_id = _slot_setter(Pub, "id")
 _pub_msg_id = _slot_setter(Pub, "msg_id")
+_pub_retain = _slot_setter(Pub, "retain")
 _validate_topic = routing.validate_topic
 
 
@@ -198,9 +207,10 @@ def fast_pub(wire: dict[str, Any]) -> Pub:
     """The Pub in an unpacked PUB map, for the broker's hot path.
 
     The common shape (int-or-absent id, str topic, bytes payload, no headers, short ASCII
-    msg_id or none) is checked inline and the frame is built without re-running the checks;
-    anything else goes through ``build_frame`` for its precise errors. Either way the
-    result is a valid Pub, or RemoteProtocolError.
+    msg_id or none, no retain flag) is checked inline and the frame is built without
+    re-running the checks; anything else (a retained PUB too: rarer, and one test cheaper
+    than a get for every PUB) goes through ``build_frame`` for its precise errors. Either way
+    the result is a valid Pub, or RemoteProtocolError.
     """
     topic = wire.get("topic")
     payload = wire.get("payload")
@@ -215,6 +225,7 @@ def fast_pub(wire: dict[str, Any]) -> Pub:
             msg_id is None
             or (msg_id.__class__ is str and msg_id.isascii() and len(msg_id) <= MAX_MSG_ID_BYTES)
         )
+        and "retain" not in wire
     ):
         try:
             _validate_topic(topic)
@@ -226,6 +237,7 @@ def fast_pub(wire: dict[str, Any]) -> Pub:
         _pub_headers(frame, None)
         _pub_id(frame, rid)
         _pub_msg_id(frame, msg_id)
+        _pub_retain(frame, False)
         return frame
     return build_frame(Pub, wire)  # type: ignore[return-value]
 
@@ -234,21 +246,23 @@ def fast_sub(wire: dict[str, Any]) -> Sub:
     """The Sub in an unpacked SUB map, for the broker's subscribe path (as ``fast_pub``).
 
     A client may pipeline tens of thousands of SUBs; the common shape (uint id, str filter,
-    str-or-absent dialect, bool-or-absent sync) is checked inline, the filter parsed once,
-    and the frame built without the dataclass machinery. Anything else goes through
-    ``build_frame`` for its precise errors. Either way the result is a valid Sub, or
+    str-or-absent dialect, bool-or-absent sync and retained) is checked inline, the filter
+    parsed once, and the frame built without the dataclass machinery. Anything else goes
+    through ``build_frame`` for its precise errors. Either way the result is a valid Sub, or
     RemoteProtocolError.
     """
     rid = wire.get("id")
     text = wire.get("filter")
     dialect = wire.get("dialect", routing.NATIVE)
     sync = wire.get("sync", False)
+    retained = wire.get("retained", True)
     if (
         rid.__class__ is int
         and 0 <= rid <= U64_MAX
         and text.__class__ is str
         and dialect.__class__ is str
         and sync.__class__ is bool
+        and retained.__class__ is bool
     ):
         try:
             parsed = routing.parse_filter(text, dialect)
@@ -259,6 +273,7 @@ def fast_sub(wire: dict[str, Any]) -> Sub:
         _set(frame, "filter", text)
         _set(frame, "dialect", dialect)
         _set(frame, "sync", sync)
+        _set(frame, "retained", retained)
         _set(frame, "parsed", parsed)
         return frame
     return build_frame(Sub, wire)  # type: ignore[return-value]
@@ -470,6 +485,7 @@ _MSG_TYPE_TOPIC: Final = _packb("type") + _packb("MSG") + _packb("topic")
 _MSG_ID_KEY: Final = _packb("msg_id")
 _HEADERS_KEY: Final = _packb("headers")
 _PAYLOAD_KEY: Final = _packb("payload")
+_RETAINED_TRUE: Final = _packb("retained") + _packb(True)
 #: msgpack str and bin headers for lengths below 256 (fixstr or str 8; bin 8).
 _STR_HEADS: Final = tuple(bytes((0xA0 | n,)) if n < 32 else bytes((0xD9, n)) for n in range(256))
 _BIN_HEADS: Final = tuple(bytes((0xC4, n)) for n in range(256))
@@ -480,7 +496,9 @@ def shared_fields(message: Message) -> tuple[bytes, int]:
     fields there are (packed once, kept on the message).
 
     They end with the ``payload`` key and the payload's bin header: ``append_msg`` appends
-    the payload itself, which is copied once, into the batch, and never packed.
+    the payload itself, which is copied once, into the batch, and never packed. A message
+    from the retained store (``from_retained``) carries ``retained: true`` among them (its
+    own Message object, so live deliveries of the same topic never get it).
     """
     if message.encoded is None:
         size = message.size
@@ -493,7 +511,8 @@ def shared_fields(message: Message) -> tuple[bytes, int]:
         headers = message.headers
         topic = message.topic.encode()
         msg_id = message.msg_id.encode()
-        if headers is None and len(msg_id) < 256 and len(topic) < 256:  # the common case
+        retained = message.from_retained
+        if headers is None and len(msg_id) < 256 and len(topic) < 256 and not retained:
             message.encoded = b"".join(
                 (
                     _MSG_TYPE_TOPIC,
@@ -515,11 +534,12 @@ def shared_fields(message: Message) -> tuple[bytes, int]:
                     _MSG_ID_KEY,
                     _packb(message.msg_id),
                     b"" if headers is None else _HEADERS_KEY + _packb(headers),
+                    _RETAINED_TRUE if retained else b"",
                     _PAYLOAD_KEY,
                     payload_head,
                 )
             )
-            message.encoded_fields = 4 if headers is None else 5
+            message.encoded_fields = 4 + (headers is not None) + retained
     return message.encoded, message.encoded_fields
 
 

@@ -173,6 +173,8 @@ class Sub(Frame):
     ``id`` is the request id echoed by SUBACK (or by ERROR's ``ref``). ``sync`` asks the
     server to send SUBACK only once the subscription is in effect everywhere it routes from
     (peer route tables included), so a PUB sent after SUBACK is guaranteed to be matched.
+    ``retained`` (default True) asks for the retained messages the filter matches, sent
+    after the SUBACK; False: none.
     """
 
     TYPE: ClassVar[str] = "SUB"
@@ -180,6 +182,7 @@ class Sub(Frame):
     filter: str
     dialect: str = routing.NATIVE
     sync: bool = False
+    retained: bool = True
     #: The filter, parsed while checking it: the broker hands it on instead of parsing again.
     parsed: routing.Filter = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -191,11 +194,13 @@ class Sub(Frame):
             and self.filter.__class__ is str
             and self.dialect.__class__ is str
             and self.sync.__class__ is bool
+            and self.retained.__class__ is bool
         ):  # the precise checks, for the message, only when the common shape fails
             check_uint(self, "id")
             check_str(self, "filter", ref)
             check_str(self, "dialect", ref)
             check_bool(self, "sync", ref)
+            check_bool(self, "retained", ref)
         try:
             parsed = routing.parse_filter(self.filter, self.dialect)
         except ValueError as exc:  # TopicError, or ValueError for an unknown dialect
@@ -246,7 +251,8 @@ class Pub(Frame):
 
     With ``id`` set the publisher asks for PUBACK(id) once the message is stored; without it
     nothing is confirmed. ``msg_id`` (at most 256 bytes) lets the broker drop duplicates of a
-    message the publisher sends again, e.g. after a reconnect.
+    message the publisher sends again, e.g. after a reconnect. ``retain`` makes it the
+    retained message of its topic (an empty payload deletes that instead).
     """
 
     TYPE: ClassVar[str] = "PUB"
@@ -255,6 +261,7 @@ class Pub(Frame):
     headers: dict[str, str] | None = None
     id: int | None = None
     msg_id: str | None = None
+    retain: bool = False
 
     def __post_init__(self) -> None:
         # The hot path of every broker: one inline test for the common shape, the
@@ -271,6 +278,7 @@ class Pub(Frame):
                     msg_id.__class__ is str and msg_id.isascii() and len(msg_id) <= MAX_MSG_ID_BYTES
                 )
             )
+            and self.retain.__class__ is bool
         ):
             try:
                 routing.validate_topic(topic)
@@ -283,6 +291,7 @@ class Pub(Frame):
         check_payload(self, "payload", ref)
         check_headers(self, "headers", ref)
         check_msg_id(self, "msg_id", ref, optional=True)
+        check_bool(self, "retain", ref)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -304,6 +313,8 @@ class Msg(Frame):
     message (the publisher's, or one the broker assigned) so clients can drop redeliveries.
     ``discarded`` (0: absent on the wire) is how many messages for this client the broker
     dropped since the one before this (its queue was full): loss is never silent.
+    ``retained`` (False: absent on the wire) says the message comes from the retained store,
+    sent because a subscription was made, not because it was just published.
     """
 
     TYPE: ClassVar[str] = "MSG"
@@ -314,11 +325,13 @@ class Msg(Frame):
     headers: dict[str, str] | None = None
     msg_id: str
     discarded: int = 0
+    retained: bool = False
 
     def __post_init__(self) -> None:
         check_uint(self, "sub")
         check_uint(self, "seq")
         check_uint(self, "discarded")
+        check_bool(self, "retained")
         check_topic(self, "topic")
         check_payload(self, "payload")
         check_headers(self, "headers")
