@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -191,3 +192,15 @@ class Paho:
 def nothing_more(client: Paho) -> bool:
     """After a barrier: True when no further message is queued for ``client``."""
     return client.messages.empty()
+
+
+def receive_from_any(clients: list[Paho], count: int) -> list[list[paho.MQTTMessage]]:
+    """``count`` messages in all, from whichever of ``clients`` gets them: each one's list."""
+    got: list[list[paho.MQTTMessage]] = [[] for _ in clients]
+    deadline = time.monotonic() + WAIT
+    while sum(map(len, got)) < count:
+        assert time.monotonic() < deadline, f"{sum(map(len, got))} of {count} messages came"
+        for mine, client in zip(got, clients, strict=True):
+            with contextlib.suppress(queue.Empty):
+                mine.append(client.messages.get(timeout=0.02))  # a bounded wait on a queue
+    return got

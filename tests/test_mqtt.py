@@ -16,7 +16,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from broker.client import connect as native_connect
 from broker.mqtt.codec import encode
 from broker.mqtt.packets import Connect, Will
-from tests.mqttkit import Paho, Running, broker_in_thread, nothing_more
+from tests.mqttkit import Paho, Running, broker_in_thread, nothing_more, receive_from_any
 
 VERSIONS = [4, 5]
 
@@ -309,4 +309,28 @@ def test_websocket_clients_speak_mqtt_too(broker: Running) -> None:
     pub.publish("web/page", b"live", qos=1)
     assert sub.receive().payload == b"live"
     sub.disconnect()
+    pub.disconnect()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_shared_subscription_gives_each_message_to_one_of_its_subscribers(
+    broker: Running, version: int
+) -> None:
+    workers = [Paho(broker.mqtt_port, f"worker{i}", version=version) for i in range(2)]
+    for worker in workers:
+        worker.connect()
+        codes = worker.subscribe("$share/pool/jobs/#", 1)
+        assert [int(getattr(code, "value", code)) for code in codes] == [1]
+    pub = Paho(broker.mqtt_port, "pub", version=version)
+    pub.connect()
+    for i in range(20):
+        pub.publish(f"jobs/{i}", str(i).encode(), qos=1)
+    shares = receive_from_any(workers, 20)
+    everything = sorted((m.payload for share in shares for m in share), key=int)
+    assert everything == [str(i).encode() for i in range(20)]
+    assert all(shares), "round robin: each subscriber gets a share"
+    for worker in workers:
+        worker.ping()
+        assert nothing_more(worker)
+        worker.disconnect()
     pub.disconnect()

@@ -72,18 +72,14 @@ def test_nothing_pubacked_is_lost_when_the_broker_is_killed(tmp_path: Path) -> N
             sub.subscribe("crash/#", qos=1)
             sub.disconnect()
 
-        acked: set[bytes] = set()
+        acked_mids: set[int] = set()  # paho's callback thread adds; read after it stopped
         sent: dict[int, bytes] = {}
         enough = threading.Event()
-        lock = threading.Lock()
 
-        def on_publish(
-            client: object, userdata: object, mid: int, rc: object, props: object
-        ) -> None:
-            with lock:
-                acked.add(sent[mid])
-                if len(acked) >= KILL_AFTER:
-                    enough.set()
+        def on_publish(client: object, data: object, mid: int, rc: object, props: object) -> None:
+            acked_mids.add(mid)
+            if len(acked_mids) >= KILL_AFTER:
+                enough.set()
 
         publisher = paho.Client(CallbackAPIVersion.VERSION2, client_id="pub", protocol=paho.MQTTv5)
         publisher.max_inflight_messages_set(50)
@@ -93,15 +89,12 @@ def test_nothing_pubacked_is_lost_when_the_broker_is_killed(tmp_path: Path) -> N
         publisher.loop_start()
         for i in range(MESSAGES):
             payload = str(i).encode()
-            with lock:
-                info = publisher.publish("crash/n", payload, qos=1)
-                sent[info.mid] = payload
-        assert enough.wait(WAIT * 3), f"only {len(acked)} PUBACKs came"
+            sent[publisher.publish("crash/n", payload, qos=1).mid] = payload
+        assert enough.wait(WAIT * 3), f"only {len(acked_mids)} PUBACKs came"
         broker.send_signal(signal.SIGKILL)
         broker.wait(timeout=WAIT)
         publisher.loop_stop()
-        with lock:
-            confirmed = set(acked)
+        confirmed = {sent[mid] for mid in acked_mids}
         assert len(confirmed) >= KILL_AFTER
 
         broker = start(port, mqtt_port, tmp_path)

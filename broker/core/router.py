@@ -205,6 +205,8 @@ class Broker:
         if self.store is None:
             return False
         session = self.registry.durable.pop(client_id, None)
+        if isinstance(session, Group):
+            self.registry.forget_group(session)
         if session is not None:
             session.durable = False
             self._plans.clear()
@@ -215,6 +217,18 @@ class Broker:
                 self.close_session(session)
         dropped = await self.store.drop_session(client_id)
         return dropped or session is not None
+
+    async def drop_group(self, group: Group) -> None:
+        """End a shared group (an MQTT ``$share`` subscription whose last subscriber left):
+        its filters, its queue, and what is stored for it."""
+        if group.members:
+            return  # joined again meanwhile
+        if self.store is not None:
+            await self.drop_session(group.client_id)
+            return
+        self.registry.durable.pop(group.client_id, None)
+        self.registry.forget_group(group)
+        self.close_session(group)
 
     def close_session(self, session: Session) -> None:
         self._plans.clear()

@@ -97,7 +97,8 @@ class SessionRegistry:
             group = self.groups.get(name)
             if group is not None:
                 return group, True
-            assert self.store is not None
+            if self.store is None:  # (MQTT's $share without a data dir: in memory only)
+                return self._new_group(name, 0, 0), False
             record = await self.store.create_session(group_session_id(name), name)
             return self._new_group(name, record.next_seq - 1, record.last_ack), False
 
@@ -127,6 +128,11 @@ class SessionRegistry:
             for m in page:
                 group.restored(m.seq, Message(m.topic, m.payload, m.headers, m.msg_id), at)
             after = page[-1].seq
+
+    def forget_group(self, group: Group) -> None:
+        """A group that is being dropped (``Broker.drop_session``) is gone."""
+        if self.groups.get(group.name) is group:
+            del self.groups[group.name]
 
     def _new_durable(self, client_id: str, seq: int, last_ack: int) -> Session:
         session = Session(

@@ -183,7 +183,7 @@ async def _open(conn: MqttConnection, connect: Connect) -> Accepted:
         out.retain_available = 1
         out.wildcard_subscription_available = 1
         out.subscription_identifier_available = 1
-        out.shared_subscription_available = 0
+        out.shared_subscription_available = 1
         if told_expiry is not None:
             out.session_expiry_interval = told_expiry
     session.ready = True  # MQTT: stored messages follow CONNACK at once

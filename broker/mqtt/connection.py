@@ -159,6 +159,8 @@ class MqttConnection:
         if frontend.live.get(client_id) is self:
             del frontend.live[client_id]
         will = accepted.will if closing is None or closing.will else None
+        if self.outbound is not None:
+            self.outbound.leave_all()
         if session.durable:
             session.detach(self)
         else:

@@ -8,12 +8,18 @@ subscription's, the RETAIN flag says whether the message came from the retained 
 and the subscription identifiers. A message whose expiry passed is not sent, nor one
 larger than the client's Maximum Packet Size; both are counted.
 
-QoS 1 and 2 deliveries take a packet id and stay in flight until acknowledged; at most
-the client's Receive Maximum are (3.1.1: ``V3_INFLIGHT``). The packet id of a delivery is
-derived from its sequence number (``packet_id``), so a durable session's redelivery after
-a reconnect (from the store, after the last ack) carries the same id, with DUP set. A
-durable session's acknowledgement moves to just before the oldest delivery still in
-flight, so the store keeps exactly what may have to be sent again.
+QoS 1 and 2 deliveries take a free packet id and stay in flight until acknowledged; at
+most the client's Receive Maximum are (3.1.1: ``V3_INFLIGHT``), QoS 2 ones until PUBCOMP.
+A durable session remembers the packet id of each delivery not yet acknowledged
+(``ClientState.sent_pids``), so its redelivery after a reconnect (from the store, after
+the last ack) carries the same id, with DUP set. Its acknowledgement moves to just before
+the oldest of its deliveries still in flight, so the store keeps exactly what may have to
+be sent again.
+
+Deliveries of shared subscriptions (``$share/G/F``: a core ``Group``, this connection one
+of its members) do not pass through the session's queue: the group hands each member at
+most its prefetch window, so they wait in ``shared`` (never dropped) and go out first;
+their PUBACK acknowledges the one message to the group.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from broker.core import Message, Session
+from broker.core import Member, Message, Session
 from broker.mqtt.closing import Closing
 from broker.mqtt.connect import Accepted
 from broker.mqtt.publish import append_publish, delivery_properties
+from broker.mqtt.subscriptions import Options
 
 if TYPE_CHECKING:
     from broker.mqtt.connection import MqttConnection
@@ -35,9 +42,20 @@ FILL_PAGE = 1000
 PACKET_IDS = 65535
 
 
-def packet_id(seq: int) -> int:
-    """The packet id of the delivery with sequence number ``seq`` (1..65535, cycling)."""
-    return (seq - 1) % PACKET_IDS + 1
+class ShareSink:
+    """What a shared group sees of this connection as its member (``Member.session``): its
+    share of the group's messages goes to the connection's ``shared`` queue."""
+
+    __slots__ = ("member", "options", "outbound")
+
+    def __init__(self, outbound: Outbound, options: Options) -> None:
+        self.outbound = outbound
+        self.options = options
+        self.member: Member | None = None  # set once joined
+
+    def push(self, message: Message, sub_id: int, seq: int) -> None:
+        self.outbound.shared.append((message, self, seq))
+        self.outbound.session.wake()
 
 
 class Outbound:
@@ -50,13 +68,16 @@ class Outbound:
         self.state = accepted.state
         self.v5 = accepted.v5
         self.level = accepted.protocol_level
-        # packet id -> (seq, qos) of each QoS 1/2 PUBLISH sent and not yet acknowledged
-        # (PUBACK, or PUBREC for QoS 2); insertion order is seq order
-        self.inflight: dict[int, tuple[int, int]] = {}
+        # packet id -> (seq, qos, share) of each QoS 1/2 PUBLISH sent and not yet
+        # acknowledged (PUBACK, or PUBREC for QoS 2); share is None for the session's own
+        # deliveries (in seq order among themselves), else the shared subscription's sink
+        self.inflight: dict[int, tuple[int, int, ShareSink | None]] = {}
         self.window = max(1, accepted.receive_maximum)
         self._window_open: trio.Event | None = None
-        self._last_seq = 0  # the seq of the last delivery encoded
+        self._next_pid = 1
         self._now = 0.0
+        self.shared: list[tuple[Message, ShareSink, int]] = []  # shared subs' deliveries
+        self.shares: dict[str, ShareSink] = {}  # "G/F" of each $share/G/F subscription
         # a durable session's acks, written to the store in order by one task at a time
         self._acking = False
         self._ack_wanted = 0
@@ -72,6 +93,12 @@ class Outbound:
                 if last_word_due.is_set():
                     await self._say_last_word()
                     return
+                if self.shared:
+                    if self._room() <= 0:
+                        await self._wait_window(last_word_due)
+                        continue
+                    await self._send_shared()
+                    continue
                 if session.needs_fill():
                     if self._room() <= 0:
                         await self._wait_window(last_word_due)
@@ -93,7 +120,7 @@ class Outbound:
                     data = b""
                 if session.sampled:
                     self._observe_latency()
-                if session.durable and not self.inflight:
+                if session.durable and not self._own_inflight():
                     self.acknowledge()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             conn.stop(Closing(None, "connection lost"))
@@ -104,19 +131,88 @@ class Outbound:
         return self.session.queued > 0 and not self.session._control  # (replies need no room)
 
     def _room(self) -> int:
-        """How many more messages may be encoded now: the window, and the packet ids (the
-        oldest in flight must not meet its own id again)."""
-        inflight = self.inflight
-        room = self.window - len(inflight)
-        if inflight:
-            oldest = next(iter(inflight.values()))[0]
-            room = min(room, oldest + PACKET_IDS - 1 - self._last_seq)
-        return room
+        """How many more messages may be encoded now (the client's window: QoS 2 ones count
+        until their PUBCOMP)."""
+        return self.window - len(self.inflight) - len(self.state.pubrel_due)
+
+    def _own_inflight(self) -> bool:
+        return any(share is None for _seq, _qos, share in self.inflight.values())
 
     async def _wait(self, last_word_due: trio.Event) -> None:
-        if last_word_due.is_set():
+        if last_word_due.is_set() or self.shared:
             return
         await self.session.wait_data()
+
+    async def _send_shared(self) -> None:
+        """Send the shared subscriptions' deliveries waiting (as many as the window takes)."""
+        take = self.shared[: self._room()]
+        del self.shared[: len(take)]
+        parts: list[bytes | memoryview] = []
+        self._now = now = trio.current_time()
+        for message, sink, seq in take:
+            if message.expires_at and now >= message.expires_at:
+                self.conn.mqtt.counters.expired += 1
+                self._settle_share(sink, seq)
+                continue
+            options = sink.options
+            qos = min(message.qos, options.qos)
+            retain = options.retain_as_published and message.retain
+            ids = (options.identifier,) if options.identifier is not None else ()
+            pid = self._pid() if qos else 0
+            if not self._encode(parts, message, qos, retain, False, pid, ids):
+                self._settle_share(sink, seq)
+                continue
+            if qos:
+                self.inflight[pid] = (seq, qos, sink)
+            else:
+                self._settle_share(sink, seq)
+        if parts:
+            data = b"".join(parts)
+            await self.conn.stream.send_all(data)
+            self.conn.broker.counters.bytes_sent += len(data)
+
+    def _settle_share(self, sink: ShareSink, seq: int) -> None:
+        """The group's message ``seq`` is done with (acknowledged, or never to be sent)."""
+        member = sink.member
+        if member is None:
+            return
+        group = member.group
+        settled = group.ack(member, seq, True)
+        store = self.conn.broker.store
+        nursery = self.conn.requests_nursery
+        if settled and store is not None and nursery is not None:
+            nursery.start_soon(store.begin_ack_one, group.client_id, seq)
+
+    def leave(self, sink: ShareSink) -> None:
+        """Leave a shared group: what this connection held of it goes to its other members
+        (the group ends with its last member)."""
+        member = sink.member
+        sink.member = None
+        self.shared = [entry for entry in self.shared if entry[1] is not sink]
+        for pid, (_seq, _qos, share) in list(self.inflight.items()):
+            if share is sink:
+                del self.inflight[pid]
+        if member is None:
+            return
+        group = member.group
+        group.leave(member)
+        if not group.members:
+            self.conn.mqtt.spawn(self.conn.broker.drop_group, group)
+
+    def leave_all(self) -> None:
+        for sink in self.shares.values():
+            self.leave(sink)
+        self.shares.clear()
+
+    def _pid(self) -> int:
+        """A packet id no PUBLISH or PUBREL in flight holds."""
+        inflight = self.inflight
+        due = self.state.pubrel_due
+        pid = self._next_pid
+        while pid in inflight or pid in due:
+            pid = pid % PACKET_IDS + 1
+        self._next_pid = pid % PACKET_IDS + 1
+        return pid
 
     async def _wait_window(self, last_word_due: trio.Event) -> None:
         """Wait for an acknowledgement (or the end) while the window is full."""
@@ -172,7 +268,7 @@ class Outbound:
         await self.conn.stream.send_all(data)
         session.delivered += len(page)
         broker.counters.bytes_sent += len(data)
-        if not self.inflight:
+        if not self._own_inflight():
             self.acknowledge()
 
     # -- encoding ------------------------------------------------------------------------
@@ -182,7 +278,6 @@ class Outbound:
     ) -> int:
         """Encode one delivery (``Session.take_batch``'s ``append_msg``); its size, 0 when it
         is not sent (expired, No Local, too large)."""
-        self._last_seq = seq
         if message.expires_at and self._now >= message.expires_at:
             self.conn.mqtt.counters.expired += 1
             return 0
@@ -193,17 +288,44 @@ class Outbound:
         retain = message.from_retained or (delivery.retain_as_published and message.retain)
         pid = 0
         dup = False
+        state = self.state
+        durable = self.session.durable
         if qos:
-            pid = packet_id(seq)
-            if self.session.durable:
-                dup = seq <= self.state.sent_max
+            if durable:
+                dup = seq <= state.sent_max
+                pid = state.sent_pids.get(seq, 0)
+                if not pid or pid in self.inflight or pid in state.pubrel_due:
+                    pid = state.sent_pids[seq] = self._pid()
+            else:
+                pid = self._pid()
+        size = self._encode(parts, message, qos, retain, dup, pid, delivery.identifiers)
+        if not size:
+            return 0
+        if qos:
+            self.inflight[pid] = (seq, qos, None)
+        if durable and seq > state.sent_max:
+            state.sent_max = seq
+        return size
+
+    def _encode(
+        self,
+        parts: list[bytes | memoryview],
+        message: Message,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        pid: int,
+        identifiers: tuple[int, ...],
+    ) -> int:
+        """Append one PUBLISH; its size, or 0 (nothing appended) when it is larger than the
+        client's Maximum Packet Size (counted)."""
         extra = b""
         if self.v5:
             expiry = None
             if message.expires_at:
                 expiry = max(int(message.expires_at - self._now), 1)
-            if expiry is not None or delivery.identifiers:
-                extra = delivery_properties(expiry, delivery.identifiers)
+            if expiry is not None or identifiers:
+                extra = delivery_properties(expiry, identifiers)
         mark = len(parts)
         size = append_publish(
             parts, message, qos=qos, retain=retain, dup=dup, packet_id=pid, v5=self.v5, extra=extra
@@ -212,10 +334,6 @@ class Outbound:
             del parts[mark:]
             self.conn.mqtt.counters.too_large_for_client += 1
             return 0
-        if qos:
-            self.inflight[pid] = (seq, qos)
-        if self.session.durable and seq > self.state.sent_max:
-            self.state.sent_max = seq
         return size
 
     # -- acknowledgements ----------------------------------------------------------------
@@ -227,16 +345,23 @@ class Outbound:
         if entry is None or entry[1] != qos:
             return False
         del self.inflight[pid]
+        seq, _qos, share = entry
         if qos == 2:
-            self.state.pubrel_due[pid] = entry[0]
+            self.state.pubrel_due[pid] = seq
         self._opened()
-        if self.session.durable:
+        if share is not None:
+            self._settle_share(share, seq)
+        elif self.session.durable:
+            self.state.sent_pids.pop(seq, None)
             self.acknowledge()
         return True
 
     def completed(self, pid: int) -> bool:
-        """PUBCOMP for ``pid``: the QoS 2 exchange is over."""
-        return self.state.pubrel_due.pop(pid, None) is not None
+        """PUBCOMP for ``pid``: the QoS 2 exchange is over (its window slot frees)."""
+        done = self.state.pubrel_due.pop(pid, None) is not None
+        if done:
+            self._opened()
+        return done
 
     def _opened(self) -> None:
         if self._window_open is not None:
@@ -247,8 +372,11 @@ class Outbound:
         """Move a durable session's acknowledgement to just before the oldest delivery in
         flight (or to the last sent), and queue it for the store."""
         session = self.session
-        inflight = self.inflight
-        through = next(iter(inflight.values()))[0] - 1 if inflight else session.sent_upto
+        through = session.sent_upto
+        for seq, _qos, share in self.inflight.values():
+            if share is None:  # the oldest of the session's own (they are in seq order)
+                through = seq - 1
+                break
         if through <= session.last_ack:
             return
         session.last_ack = through
@@ -274,4 +402,4 @@ class Outbound:
             self._acking = False
 
 
-__all__ = ["Outbound", "Session", "packet_id"]
+__all__ = ["Outbound", "Session", "ShareSink"]

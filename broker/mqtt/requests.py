@@ -25,7 +25,7 @@ from broker.mqtt import reasons as R
 from broker.mqtt.closing import Closing
 from broker.mqtt.codec import encode
 from broker.mqtt.connect import TOPIC_ALIAS_MAXIMUM, Accepted
-from broker.mqtt.outbound import Outbound
+from broker.mqtt.outbound import Outbound, ShareSink
 from broker.mqtt.packets import (
     Auth,
     Connect,
@@ -270,7 +270,7 @@ class Requests:
         for sub in p.subscriptions:
             text = sub.filter
             if text.startswith(SHARE_PREFIX):
-                codes.append(R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if self.v5 else 0x80)
+                codes.append(await self._share(text, sub.qos, sub.retain_as_published, identifier))
                 continue
             try:
                 flt = routing.parse_filter(text, routing.MQTT)
@@ -308,11 +308,57 @@ class Requests:
             await broker.deliver_retained(session, sub_id, flt)
         return None
 
+    async def _share(
+        self, text: str, qos: int, retain_as_published: bool, identifier: int | None
+    ) -> int:
+        """Join the shared subscription ``$share/G/F`` (the core's shared group ``G/F``,
+        subscribed to ``F``): each message for it goes to one of its subscribers."""
+        name = text[len(SHARE_PREFIX) :]
+        share, _, flt_text = name.partition("/")
+        invalid = R.TOPIC_FILTER_INVALID if self.v5 else 0x80
+        if not share or not flt_text or "+" in share or "#" in share:
+            return invalid
+        try:
+            flt = routing.parse_filter(flt_text, routing.MQTT)
+        except routing.TopicError:
+            return invalid
+        options = Options(qos=qos, retain_as_published=retain_as_published, identifier=identifier)
+        sinks = self.outbound.shares
+        sink = sinks.get(name)
+        if sink is not None:
+            sink.options = options
+            return qos
+        broker = self.broker
+        try:
+            group, _existed = await broker.open_group(name)
+            if (flt.text, flt.dialect) not in group.refs:
+                broker.subscribe(group, flt)
+                if broker.store is not None:
+                    await broker.store.add_filter(group.client_id, flt.text, flt.dialect)
+        except StoreError as exc:
+            broker.counters.store_errors += 1
+            log.error("store failed", client=self.session.client_id, error=str(exc))
+            return R.UNSPECIFIED_ERROR if self.v5 else 0x80
+        sink = sinks[name] = ShareSink(self.outbound, options)
+        sink.member = group.join(sink)  # type: ignore[arg-type]  (a member's sink)
+        return qos
+
+    def _unshare(self, text: str) -> bool:
+        """Leave the shared subscription ``text``; False if this client had none."""
+        sink = self.outbound.shares.pop(text[len(SHARE_PREFIX) :], None)
+        if sink is None:
+            return False
+        self.outbound.leave(sink)
+        return True
+
     async def _unsubscribe(self, p: Unsubscribe) -> Closing | None:
         broker = self.broker
         session = self.session
         codes = []
         for text in p.filters:
+            if text.startswith(SHARE_PREFIX):
+                codes.append(R.SUCCESS if self._unshare(text) else R.NO_SUBSCRIPTION_EXISTED)
+                continue
             sub_id = self.state.subscriptions.remove(text)
             if sub_id is None:
                 codes.append(R.NO_SUBSCRIPTION_EXISTED)

@@ -39,6 +39,7 @@ class ClientState:
     qos2_received: set[int] = field(default_factory=set)  # PUBRECs sent, PUBREL not yet in
     pubrel_due: dict[int, int] = field(default_factory=dict)  # our PUBRELs: packet id -> seq
     sent_max: int = 0  # highest seq ever sent to this client (durable sessions)
+    sent_pids: dict[int, int] = field(default_factory=dict)  # seq -> packet id, unacked
     expiry: float = 0.0  # seconds the session outlives its connection (NEVER: for ever)
     waiting: trio.CancelScope | None = None  # a delayed will or the expiry, while away
 
@@ -104,16 +105,17 @@ class MqttFrontEnd:
             self.clients.pop(client_id, None)
             return
         if expiry <= 0:
-            self._spawn(self._drop_now, client_id)
+            self.spawn(self._drop_now, client_id)
             return
         if will is None and expiry >= NEVER:
             return
         assert state is not None
         scope = trio.CancelScope()
         state.waiting = scope
-        self._spawn(self._wait_away, client_id, scope, will, min(will_delay, expiry), expiry)
+        self.spawn(self._wait_away, client_id, scope, will, min(will_delay, expiry), expiry)
 
-    def _spawn(self, fn: Any, *args: Any) -> None:
+    def spawn(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` in the front end's nursery (timers, store work after a close)."""
         if self._nursery is not None:
             self._nursery.start_soon(fn, *args)
 
@@ -158,7 +160,7 @@ class MqttFrontEnd:
             will.expires_at = trio.current_time() - will.expires_at
         work = broker.publish_message(will)
         if work is not None and broker.store is not None:
-            self._spawn(broker.persist, work)
+            self.spawn(broker.persist, work)
 
     def stats(self) -> dict[str, Any]:
         return {**self.counters.snapshot(), "clients": len(self.live)}
