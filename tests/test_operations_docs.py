@@ -51,7 +51,9 @@ def test_the_alert_rules_use_only_documented_metrics() -> None:
 
 
 async def test_every_metric_a_scrape_shows_is_documented(tmp_path: Path) -> None:
-    async with running_broker(http_listen="127.0.0.1:0", data_dir=str(tmp_path)) as server:
+    async with running_broker(
+        http_listen="127.0.0.1:0", data_dir=str(tmp_path), mqtt_listen="127.0.0.1:0"
+    ) as server:
         async with connect(server.addresses[0], client_id="d", durable=True) as client:
             async with client.subscribe("o/>") as sub:
                 await client.publish("o/1", b"x", confirm=True)

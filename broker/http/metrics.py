@@ -151,6 +151,9 @@ class BrokerCollector:
             yield from _sessions(broker, self.top_sessions)
         if broker.peering.active:
             yield from _peering(broker.peering.stats())
+        mqtt = broker.frontends.get("mqtt")
+        if mqtt is not None:
+            yield from _mqtt(mqtt.stats())
 
 
 def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
@@ -372,3 +375,23 @@ def exposition(broker: Broker) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker))  # type: ignore[arg-type]
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+#: The MQTT front end's own counters (broker.mqtt.state.FrontEndCounters): name -> help.
+MQTT_COUNTERS: dict[str, str] = {
+    "connections_total": "MQTT connections accepted.",
+    "connect_refused": "CONNECTs refused with a CONNACK reason code (or cut off as malformed).",
+    "packets_malformed": "MQTT connections closed for a malformed packet.",
+    "protocol_errors": "MQTT connections closed for a protocol error.",
+    "expired": "Messages not sent to an MQTT client because their expiry interval had passed.",
+    "too_large_for_client": "Messages not sent: larger than the client's Maximum Packet Size.",
+    "wills_published": "Will messages published.",
+    "sessions_expired": "MQTT sessions ended by their Session Expiry Interval.",
+    "takeovers": "MQTT connections closed because a new one took their client id.",
+}
+
+
+def _mqtt(stats: dict[str, Any]) -> Iterator[Metric]:
+    for name, help_text in MQTT_COUNTERS.items():
+        yield _counter(f"topiary_mqtt_{name.removesuffix('_total')}", help_text, stats[name])
+    yield _gauge("topiary_mqtt_clients", "MQTT clients connected now.", stats["clients"])
