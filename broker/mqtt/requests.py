@@ -162,7 +162,7 @@ class Requests:
                 f"payload of {len(p.payload)} bytes exceeds the limit of "
                 f"{broker.config.max_payload}"
             )
-            return self._refuse_publish(p, R.PACKET_TOO_LARGE, text)
+            return self._refuse_publish(p, R.QUOTA_EXCEEDED, text)
         headers = dict(props.user_properties) if props.user_properties else None
         message = Message(topic, p.payload, headers, broker.next_msg_id(), qos)
         message.origin = self.session
