@@ -334,3 +334,18 @@ def test_a_shared_subscription_gives_each_message_to_one_of_its_subscribers(
         assert nothing_more(worker)
         worker.disconnect()
     pub.disconnect()
+
+
+def test_shutdown_delivers_what_was_acknowledged_then_says_why() -> None:
+    with broker_in_thread() as running:
+        sub = Paho(running.mqtt_port, "sub")
+        sub.connect()
+        sub.subscribe("bye/#", qos=0)
+        pub = Paho(running.mqtt_port, "pub")
+        pub.connect()
+        for i in range(200):
+            pub.publish(f"bye/{i}", b"x" * 100, qos=1)
+        running.call(running.server.shutdown)
+        got = [sub.receive().topic for _ in range(200)]
+        assert got == [f"bye/{i}" for i in range(200)]
+        assert sub.disconnects.get(timeout=10) == 0x8B  # Server shutting down

@@ -113,6 +113,12 @@ class MqttConnection:
             broker.connections.discard(self)
             await trio.aclose_forcefully(self.stream)
 
+    @property
+    def shutting_down(self) -> bool:
+        """The broker is shutting down (and that is what the client is told)."""
+        closing = self._closing
+        return self._shutdown and closing is not None and closing.reason == R.SERVER_SHUTTING_DOWN
+
     def take_over(self, why: str = "another connection took over this client id") -> None:
         self.mqtt.counters.takeovers += 1
         self.stop(Closing(R.SESSION_TAKEN_OVER, why))

@@ -235,7 +235,19 @@ class Outbound:
         self.session.sampled.clear()
 
     async def _say_last_word(self) -> None:
+        """Send the replies due and the closing DISCONNECT (MQTT 5), at a packet boundary.
+        At shutdown the queued messages go first, as far as the client's window allows (as
+        the native front end flushes: what was acknowledged reaches who was connected);
+        otherwise they are dropped."""
         session = self.session
+        if self.conn.shutting_down:
+            while session.queued and (room := self._room()) > 0:
+                self._now = trio.current_time()
+                data, messages = session.take_batch(self.append, BATCH_BYTES, None, room)
+                if data:
+                    await self.conn.stream.send_all(data)
+                if not messages:
+                    break
         session.discard_messages()
         data, _messages = session.take_batch(self.append)
         data += self.conn.last_word()
