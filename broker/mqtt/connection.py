@@ -235,7 +235,9 @@ class MqttConnection:
                 if packet is None:
                     break
                 handled += 1
-                closing = await requests.handle(packet)
+                closing = requests.handle(packet)
+                if closing is None and requests.later:
+                    closing = await requests.run_later()
                 if closing is not None:
                     self.stop(closing)
                     return

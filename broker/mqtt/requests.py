@@ -114,6 +114,7 @@ class Requests:
         self.v5 = accepted.v5
         self.aliases: dict[int, str] = {}
         self.replies = Replies(self.session)
+        self.later: list[tuple[Any, tuple[Any, ...]]] = []
 
     def start_in(self, nursery: trio.Nursery) -> None:
         self.replies.start_in(nursery)
@@ -123,18 +124,30 @@ class Requests:
         """Read no more while the client's replies do not fit its queue (backpressure)."""
         await self.session.wait_control_drained()
 
-    async def handle(self, packet: Any) -> Closing | None:
+    def handle(self, packet: Any) -> Closing | None:
+        """Handle one packet now; what has to wait (the store, a lock) is left in ``later``
+        for the reader to ``run_later`` before the next packet, so the order holds."""
         handler = _HANDLERS.get(packet.__class__)
         if handler is None:
             return Closing(R.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
-        return await handler(self, packet)
+        return handler(self, packet)
+
+    async def run_later(self) -> Closing | None:
+        """Await the jobs the last packets left, in order; the first that ends the
+        connection says why."""
+        later, self.later = self.later, []
+        for job, args in later:
+            closing = await job(*args)
+            if closing is not None:
+                return closing
+        return None
 
     def _send(self, packet: Any, *, ordered: bool = False) -> None:
         self.session.send_control(encode(packet, self.level), ordered=ordered)
 
     # -- PUBLISH -------------------------------------------------------------------------
 
-    async def _publish(self, p: Publish) -> Closing | None:
+    def _publish(self, p: Publish) -> Closing | None:
         broker = self.broker
         props = p.properties
         topic = p.topic
@@ -190,13 +203,27 @@ class Requests:
             return self._refuse_publish(p, R.QUOTA_EXCEEDED, str(exc))
         pending = None
         if work is not None:
-            pending = broker.persist_nowait(work)
+            pending = None if self.later else broker.persist_nowait(work)
             if pending is None:
-                try:
-                    pending = await broker.persist(work)
-                except StoreError as exc:
-                    broker.counters.store_errors += 1
-                    return self._refuse_publish(p, R.UNSPECIFIED_ERROR, f"not stored: {exc}")
+                self.later.append((self._persist, (p, work)))
+                return None
+        self._acknowledge(p, pending)
+        return None
+
+    async def _persist(self, p: Publish, work: Any) -> Closing | None:
+        """Queue a publish's store work, waiting for room, then its acknowledgement."""
+        broker = self.broker
+        try:
+            pending = await broker.persist(work)
+        except StoreError as exc:
+            broker.counters.store_errors += 1
+            return self._refuse_publish(p, R.UNSPECIFIED_ERROR, f"not stored: {exc}")
+        self._acknowledge(p, pending)
+        return None
+
+    def _acknowledge(self, p: Publish, pending: Pending | None) -> None:
+        """PUBACK (QoS 1) or PUBREC (QoS 2) once ``pending`` committed, in order."""
+        qos = p.qos
         if qos == 1:
             self.replies.after(
                 pending,
@@ -210,7 +237,6 @@ class Requests:
                 encode(PubRec(p.packet_id), self.level),  # type: ignore[arg-type]
                 encode(PubRec(p.packet_id, R.UNSPECIFIED_ERROR), self.level),  # type: ignore[arg-type]
             )
-        return None
 
     def _refuse_publish(self, p: Publish, reason: int, text: str) -> Closing | None:
         """A PUBLISH the broker does not take: MQTT 5 says why in its PUBACK/PUBREC; QoS 0
@@ -228,11 +254,11 @@ class Requests:
         self.replies.after(None, encode(ack, 5), b"")
         return None
 
-    async def _puback(self, p: PubAck) -> Closing | None:
+    def _puback(self, p: PubAck) -> Closing | None:
         self.outbound.acked(p.packet_id, 1)
         return None
 
-    async def _pubrec(self, p: PubRec) -> Closing | None:
+    def _pubrec(self, p: PubRec) -> Closing | None:
         pid = p.packet_id
         if p.reason_code >= 0x80:  # the client refused it: the exchange ends here
             self.outbound.acked(pid, 2)
@@ -244,7 +270,7 @@ class Requests:
             self._send(PubRel(pid, R.PACKET_IDENTIFIER_NOT_FOUND))
         return None
 
-    async def _pubrel(self, p: PubRel) -> Closing | None:
+    def _pubrel(self, p: PubRel) -> Closing | None:
         pid = p.packet_id
         if pid in self.state.qos2_received:
             self.state.qos2_received.discard(pid)
@@ -254,13 +280,21 @@ class Requests:
             self.replies.after(None, encode(PubComp(pid, reason), self.level), b"")
         return None
 
-    async def _pubcomp(self, p: PubComp) -> Closing | None:
+    def _pubcomp(self, p: PubComp) -> Closing | None:
         self.outbound.completed(p.packet_id)
         return None
 
     # -- SUBSCRIBE and UNSUBSCRIBE -------------------------------------------------------
 
-    async def _subscribe(self, p: Subscribe) -> Closing | None:
+    def _subscribe(self, p: Subscribe) -> Closing | None:
+        self.later.append((self._subscribe_now, (p,)))  # it may wait for the store
+        return None
+
+    def _unsubscribe(self, p: Unsubscribe) -> Closing | None:
+        self.later.append((self._unsubscribe_now, (p,)))
+        return None
+
+    async def _subscribe_now(self, p: Subscribe) -> Closing | None:
         broker = self.broker
         session = self.session
         ids = p.properties.subscription_identifiers
@@ -351,7 +385,7 @@ class Requests:
         self.outbound.leave(sink)
         return True
 
-    async def _unsubscribe(self, p: Unsubscribe) -> Closing | None:
+    async def _unsubscribe_now(self, p: Unsubscribe) -> Closing | None:
         broker = self.broker
         session = self.session
         codes = []
@@ -376,11 +410,11 @@ class Requests:
 
     # -- the rest ------------------------------------------------------------------------
 
-    async def _pingreq(self, p: PingReq) -> Closing | None:
+    def _pingreq(self, p: PingReq) -> Closing | None:
         self.session.send_control(PINGRESP)
         return None
 
-    async def _disconnect(self, p: Disconnect) -> Closing | None:
+    def _disconnect(self, p: Disconnect) -> Closing | None:
         expiry = p.properties.session_expiry_interval
         if expiry is not None:
             if self.state.expiry == 0 and expiry > 0:
@@ -391,10 +425,10 @@ class Requests:
                 self.state.expiry = float(expiry)
         return Closing(None, "client disconnected", will=p.reason_code == R.DISCONNECT_WITH_WILL)
 
-    async def _auth(self, p: Auth) -> Closing | None:
+    def _auth(self, p: Auth) -> Closing | None:
         return Closing(R.PROTOCOL_ERROR, "AUTH without an authentication method")
 
-    async def _connect(self, p: Connect) -> Closing | None:
+    def _connect(self, p: Connect) -> Closing | None:
         return Closing(R.PROTOCOL_ERROR, "a second CONNECT")
 
 
