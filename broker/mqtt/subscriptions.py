@@ -6,8 +6,11 @@ Retain As Published and a Subscription Identifier. When a message matches severa
 session's subscriptions, MQTT wants one PUBLISH with the highest QoS among them and every
 one of their identifiers (topiary's message economy: one copy per connection). So the
 options live here, by filter, and a delivery looks up the subscriptions that match its
-topic: directly when the session has one subscription (nearly always), else by matching
-the topic against each filter.
+topic. That lookup is free in the common cases: a session with one subscription, or
+whose subscriptions all have the same options (the core delivered the message, so one of
+them matches, and which one does not change how it goes out). Otherwise a small
+subscription table of the session's own filters answers it (cached by topic, like the
+broker's), so a session holding thousands of filters pays for the answer, not for them.
 """
 
 from __future__ import annotations
@@ -44,11 +47,15 @@ SKIP = Delivery(0, False, (), skip=True)
 class Subscriptions:
     """The MQTT subscriptions of one session: filter text -> (core sub id, options, filter)."""
 
-    __slots__ = ("_cache", "by_filter")
+    __slots__ = ("_cache", "_table", "_uniform", "by_filter")
 
     def __init__(self) -> None:
         self.by_filter: dict[str, tuple[int, Options, routing.Filter]] = {}
         self._cache: dict[tuple[str, bool], Delivery] = {}
+        # (own, not own) deliveries when every subscription has the same options; None when
+        # they differ (then _table, made when first needed, finds the matching ones)
+        self._uniform: tuple[Delivery, Delivery] | None = None
+        self._table: routing.SubscriptionTable | None = None
 
     def __len__(self) -> int:
         return len(self.by_filter)
@@ -58,35 +65,59 @@ class Subscriptions:
         again replaces the subscription), or None."""
         old = self.by_filter.get(flt.text)
         self.by_filter[flt.text] = (sub_id, options, flt)
-        self._cache.clear()
+        self._changed()
         return None if old is None else old[0]
 
     def remove(self, text: str) -> int | None:
         """Forget the subscription to ``text``; its core sub id, or None if there was none."""
         entry = self.by_filter.pop(text, None)
-        self._cache.clear()
+        self._changed()
         return None if entry is None else entry[0]
+
+    def _changed(self) -> None:
+        self._cache.clear()
+        self._table = None
+        options = {entry[1] for entry in self.by_filter.values()}
+        if len(options) == 1:
+            (only,) = options
+            self._uniform = (_delivery([only], True), _delivery([only], False))
+        else:
+            self._uniform = None
 
     def delivery(self, topic: str, own: bool) -> Delivery:
         """How a message on ``topic`` goes out (``own``: this session published it)."""
+        uniform = self._uniform
+        if uniform is not None:
+            return uniform[0] if own else uniform[1]
         key = (topic, own)
         found = self._cache.get(key)
         if found is not None:
             return found
-        matching = [
-            options
-            for _sub_id, options, flt in self.by_filter.values()
-            if (len(self.by_filter) == 1 or flt.matches(topic)) and not (own and options.no_local)
-        ]
-        if not matching:
-            found = SKIP
-        else:
-            found = Delivery(
-                qos=max(o.qos for o in matching),
-                retain_as_published=any(o.retain_as_published for o in matching),
-                identifiers=tuple(o.identifier for o in matching if o.identifier is not None),
-            )
+        found = _delivery(self._matching(topic), own)
         if len(self._cache) >= 4096:
             self._cache.clear()
         self._cache[key] = found
         return found
+
+    def _matching(self, topic: str) -> list[Options]:
+        """The options of every subscription whose filter matches ``topic``."""
+        if len(self.by_filter) <= 8:
+            return [options for _sid, options, flt in self.by_filter.values() if flt.matches(topic)]
+        table = self._table
+        if table is None:
+            table = self._table = routing.SubscriptionTable(cache_size=1024)
+            for text, (_sid, _options, flt) in self.by_filter.items():
+                table.add(flt, text)
+        return [self.by_filter[text][1] for text in table.match(topic)]
+
+
+def _delivery(matching: list[Options], own: bool) -> Delivery:
+    """One message's delivery, given the options of the subscriptions it matches."""
+    wanted = [o for o in matching if not (own and o.no_local)]
+    if not wanted:
+        return SKIP
+    return Delivery(
+        qos=max(o.qos for o in wanted),
+        retain_as_published=any(o.retain_as_published for o in wanted),
+        identifiers=tuple(o.identifier for o in wanted if o.identifier is not None),
+    )
