@@ -30,6 +30,7 @@ from broker.config import BrokerConfig
 from broker.core.counters import Counters
 from broker.core.dedupe import RecentIds
 from broker.core.delivery import DurableWork, Mesh, NullMesh, QuotaExceeded
+from broker.core.extra import apply_extra, pack_extra
 from broker.core.groups import Group
 from broker.core.hot import HotSpots
 from broker.core.message import Message
@@ -132,10 +133,16 @@ class Broker:
 
     async def load(self) -> int:
         """Restore the durable sessions in the store (their filters route again at once)
-        and the retained messages; returns how many sessions."""
+        and the retained messages (with their QoS, MQTT properties and expiry); returns how
+        many sessions."""
         if self.store is not None:
+            retained = self.retained
             for kept in await self.store.retained():
-                self.retained.update(kept.topic, kept.payload, kept.headers, kept.msg_id)
+                retained.update(kept.topic, kept.payload, kept.headers, kept.msg_id)
+                if kept.extra is not None:
+                    held = retained.get(kept.topic)
+                    if held is not None:
+                        apply_extra(held, kept.extra)
         restored = await self.registry.restore()
         for session, filters in restored:
             for text, dialect in filters:
@@ -158,6 +165,7 @@ class Broker:
             on_done=partial(self._settled, deliveries),
             retain=work.retain,
             from_retained=message.from_retained,
+            extra=pack_extra(message),
         )
         for session, through in work.trims or ():
             await self.store.begin_trim_through(session.client_id, through)
@@ -183,6 +191,7 @@ class Broker:
                 partial(self._settled, deliveries),
                 work.retain,
                 message.from_retained,
+                pack_extra(message),
             )
         except (trio.WouldBlock, StoreError):
             return None

@@ -17,6 +17,7 @@ import trio
 
 from broker.config import BrokerConfig
 from broker.core.counters import Counters
+from broker.core.extra import apply_extra
 from broker.core.groups import Group, group_session_id
 from broker.core.message import Message
 from broker.core.session import OutboundLimits, Session
@@ -58,6 +59,12 @@ class SessionRegistry:
         self.sessions: dict[str, Session] = {}  # transient sessions (and group members)
         self.durable: dict[str, Session] = {}  # durable sessions and groups, by store id
         self.groups: dict[str, Group] = {}
+        #: Client id (a group's: its store id) -> the options stored with its filters
+        #: ((filter, dialect) -> bytes, ``Store.add_filter``), as ``restore`` read them; only
+        #: sessions with some are here. A front end reads them to bring back its
+        #: subscriptions' options after a restart, and may pop what it has taken over. Not
+        #: kept up to date afterwards (the front end keeps its live options itself).
+        self.filter_options: dict[str, dict[tuple[str, str], bytes]] = {}
         self._creating = trio.Lock()
         self._id_prefix = id_prefix
         self._client_counter = itertools.count(1)
@@ -105,7 +112,8 @@ class SessionRegistry:
     async def restore(self) -> list[tuple[Session, tuple[tuple[str, str], ...]]]:
         """The durable sessions and groups in the store, each with its (filter, dialect)s for
         the router to subscribe again; what a group's members had not acknowledged goes back
-        in its queue."""
+        in its queue (with the QoS, properties and expiry stored with it). The options
+        stored with the filters are left in ``filter_options``."""
         assert self.store is not None
         restored = []
         now = trio.current_time()  # what is pending counts as pending since the restore
@@ -119,6 +127,8 @@ class SessionRegistry:
                 if record.pending:
                     session.track(record.next_seq - 1, record.pending_bytes, now, record.pending)
             restored.append((session, record.filters))
+            if record.filter_options:
+                self.filter_options[record.client_id] = dict(record.filter_options)
         return restored
 
     async def _load_group_queue(self, group: Group, record: SessionRecord, at: float) -> None:
@@ -126,7 +136,9 @@ class SessionRegistry:
         after = record.last_ack
         while page := await self.store.pending(record.client_id, after, 1000):
             for m in page:
-                group.restored(m.seq, Message(m.topic, m.payload, m.headers, m.msg_id), at)
+                message = Message(m.topic, m.payload, m.headers, m.msg_id)
+                apply_extra(message, m.extra)
+                group.restored(m.seq, message, at)
             after = page[-1].seq
 
     def forget_group(self, group: Group) -> None:

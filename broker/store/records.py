@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "RetainedMessage",
@@ -27,7 +27,8 @@ def open_failure(path: str, problem: str, exc: BaseException | None = None) -> S
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
     """One pending delivery of a session, with its message (``retained``: a copy of a
-    retained message, sent because the session subscribed)."""
+    retained message, sent because the session subscribed; ``extra``: the blob stored with
+    it, for ``broker.core.extra.apply_extra``, None when there was none)."""
 
     seq: int
     msg_id: str
@@ -35,16 +36,18 @@ class StoredMessage:
     payload: bytes
     headers: dict[str, str] | None
     retained: bool = False
+    extra: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class RetainedMessage:
-    """The retained message of one topic, as stored."""
+    """The retained message of one topic, as stored (``extra`` as in ``StoredMessage``)."""
 
     topic: str
     msg_id: str
     payload: bytes
     headers: dict[str, str] | None
+    extra: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +55,9 @@ class SessionRecord:
     """A durable session as stored.
 
     ``pending`` counts its delivery rows and ``pending_bytes`` sums their payload sizes (a
-    message shared with other sessions counts for each of them).
+    message shared with other sessions counts for each of them). ``filter_options`` maps a
+    (filter, dialect) of ``filters`` to the options stored with it (``Store.add_filter``);
+    only filters that have some are in it.
     """
 
     client_id: str
@@ -62,6 +67,7 @@ class SessionRecord:
     filters: tuple[tuple[str, str], ...]  # (filter, dialect), sorted
     pending: int
     pending_bytes: int
+    filter_options: dict[tuple[str, str], bytes] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True, slots=True)

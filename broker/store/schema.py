@@ -9,14 +9,20 @@ What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
   its redeliveries still say they come from the retained store).
 - ``sessions``: one row per durable session: its shared group, ``last_ack`` (every seq at or
   below it is done) and ``next_seq`` (the next seq the broker may assign).
-- ``filters``: the session's (filter, dialect) pairs.
+- ``filters``: the session's (filter, dialect) pairs, each with ``options``: opaque bytes a
+  front end keeps with it (MQTT's subscription options), NULL for a native filter.
 - ``deliveries``: the pending queue, one row (client_id, seq, message) per delivery not yet
   acknowledged, trimmed or dropped with its session.
 - ``published``: the newest ``dedup_window`` publisher message ids, for duplicate filtering.
 - ``retained``: the retained message of each topic (the last one published with the retain
   flag; an empty payload deleted it), loaded into memory at start-up.
 
-Versions: 1 had no ``retained`` table and no ``messages.retained``; 2 adds them. A file of
+``messages.extra`` and ``retained.extra`` hold what a message carries beyond topic, payload,
+headers and id (the publisher's QoS, MQTT 5 properties, expiry: ``broker.core.extra``), as an
+opaque blob; NULL (the common, native case) when there is nothing to keep.
+
+Versions: 1 had no ``retained`` table and no ``messages.retained``; 2 adds them; 3 adds
+``messages.extra``, ``retained.extra`` and ``filters.options`` (NULL in migrated rows). A file of
 an older version is migrated when it is opened (``MIGRATIONS``, in one transaction); a newer
 one, or a file that is not a topiary database at all, is refused with a ``StoreError`` that
 says so.
@@ -37,14 +43,15 @@ __all__ = [
     "check_or_create_schema",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_FILENAME = "topiary.db"
 
 _RETAINED = """CREATE TABLE retained (
         topic TEXT PRIMARY KEY,
         msg_id TEXT NOT NULL,
         payload BLOB NOT NULL,
-        headers BLOB NULL
+        headers BLOB NULL,
+        extra BLOB NULL
     )"""
 
 SCHEMA = (
@@ -57,7 +64,8 @@ SCHEMA = (
         headers BLOB NULL,
         stored_at REAL NOT NULL,
         refs INTEGER NOT NULL,
-        retained INTEGER NOT NULL DEFAULT 0
+        retained INTEGER NOT NULL DEFAULT 0,
+        extra BLOB NULL
     )""",
     # Only unreferenced messages (kept for retention_seconds) are in this index.
     "CREATE INDEX messages_unreferenced ON messages (stored_at) WHERE refs <= 0",
@@ -72,6 +80,7 @@ SCHEMA = (
         client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
         filter TEXT NOT NULL,
         dialect TEXT NOT NULL,
+        options BLOB NULL,
         PRIMARY KEY (client_id, filter, dialect)
     )""",
     # No foreign key on `message`: refs keeps that link, and a foreign key would need an index
@@ -90,7 +99,17 @@ TABLES = frozenset(
 )
 #: version -> the statements that take a file of that version to the next one.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (_RETAINED, "ALTER TABLE messages ADD COLUMN retained INTEGER NOT NULL DEFAULT 0"),
+    1: (
+        # version 2's retained table (3 adds a column to it, below)
+        "CREATE TABLE retained (topic TEXT PRIMARY KEY, msg_id TEXT NOT NULL,"
+        " payload BLOB NOT NULL, headers BLOB NULL)",
+        "ALTER TABLE messages ADD COLUMN retained INTEGER NOT NULL DEFAULT 0",
+    ),
+    2: (
+        "ALTER TABLE messages ADD COLUMN extra BLOB NULL",
+        "ALTER TABLE retained ADD COLUMN extra BLOB NULL",
+        "ALTER TABLE filters ADD COLUMN options BLOB NULL",
+    ),
 }
 
 

@@ -54,7 +54,7 @@ __all__ = ["Append", "RowCounts", "SqliteBackend", "Work"]
 BUSY_TIMEOUT_SECONDS = 5.0
 #: The dedup table is pruned back to ``dedup_window`` ids once it holds this many more.
 DEDUP_PRUNE_BATCH = 1_000
-#: Rows per multi-row INSERT of a run of appends (7 parameters each, far below SQLite's limit).
+#: Rows per multi-row INSERT of a run of appends (8 parameters each, far below SQLite's limit).
 INSERT_CHUNK = 64
 #: Prepared statements the connection keeps: every multi-row INSERT size (1..INSERT_CHUNK) of
 #: the two tables plus the rest, so that none is prepared again per batch.
@@ -370,11 +370,15 @@ class SqliteBackend:
             [(client_id, flt, dialect) for flt, dialect in filters],
         )
 
-    def add_filter(self, client_id: str, filter: str, dialect: str) -> None:
+    def add_filter(
+        self, client_id: str, filter: str, dialect: str, options: bytes | None = None
+    ) -> None:
+        """Add the filter, or replace the options of the same (filter, dialect)."""
         self._session_row(client_id, "add_filter")
         self.conn.execute(
-            "INSERT OR IGNORE INTO filters (client_id, filter, dialect) VALUES (?, ?, ?)",
-            (client_id, filter, dialect),
+            "INSERT INTO filters (client_id, filter, dialect, options) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (client_id, filter, dialect) DO UPDATE SET options = excluded.options",
+            (client_id, filter, dialect, options),
         )
 
     def remove_filter(self, client_id: str, filter: str, dialect: str) -> None:
@@ -397,13 +401,15 @@ class SqliteBackend:
         publisher_msg_id: str | None,
         retain: bool = False,
         from_retained: bool = False,
+        extra: bytes | None = None,
     ) -> bool:
         """Store the message once plus a delivery row each; False for a duplicate publish.
 
         ``headers`` arrives msgpack-encoded already (encoded in the caller's task). With
         ``retain`` the message also becomes its topic's retained message (an empty payload
         deletes that instead); a duplicate changes nothing. ``from_retained`` marks the stored
-        message as a copy of a retained message (``StoredMessage.retained``).
+        message as a copy of a retained message (``StoredMessage.retained``). ``extra`` is
+        stored as it is, with the message and with the retained copy.
         """
         execute = self.conn.execute
         now = self.clock()
@@ -417,13 +423,14 @@ class SqliteBackend:
                 return False
             self.published += 1
         if retain:
-            self._retain(topic, msg_id, payload, headers)
+            self._retain(topic, msg_id, payload, headers, extra)
         if not deliveries and self.retention_seconds <= 0:
             return True  # nobody needs it: nothing to keep
         rowid = execute(
-            "INSERT INTO messages (msg_id, topic, payload, headers, stored_at, refs, retained) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (msg_id, topic, payload, headers, now, len(deliveries), int(from_retained)),
+            "INSERT INTO messages "
+            "(msg_id, topic, payload, headers, stored_at, refs, retained, extra) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (msg_id, topic, payload, headers, now, len(deliveries), int(from_retained), extra),
         ).lastrowid
         self.messages += 1
         try:
@@ -477,7 +484,7 @@ class SqliteBackend:
                 self.published += 1
             outcomes.append((True, True))
             if op.retain:
-                self._retain(op.topic, op.msg_id, op.payload, op.headers)
+                self._retain(op.topic, op.msg_id, op.payload, op.headers, op.extra)
             if op.deliveries or keep_all:
                 stored.append(op)
         if not stored:
@@ -489,7 +496,7 @@ class SqliteBackend:
         copies: list[int] = []  # rowids of copies of retained messages (rare: flagged apart)
         for op in stored:
             refs = len(op.deliveries)
-            messages += (rowid, op.msg_id, op.topic, op.payload, op.headers, now, refs)
+            messages += (rowid, op.msg_id, op.topic, op.payload, op.headers, now, refs, op.extra)
             if op.from_retained:
                 copies.append(rowid)
             for client_id, seq in op.deliveries:
@@ -498,9 +505,9 @@ class SqliteBackend:
                     next_seqs[client_id] = seq + 1
             rowid += 1
         self._insert_rows(
-            "INSERT INTO messages (rowid, msg_id, topic, payload, headers, stored_at, refs) "
+            "INSERT INTO messages (rowid, msg_id, topic, payload, headers, stored_at, refs, extra) "
             "VALUES ",
-            7,
+            8,
             messages,
         )
         self.messages += len(stored)
@@ -518,14 +525,17 @@ class SqliteBackend:
         )
         return outcomes
 
-    def _retain(self, topic: str, msg_id: str, payload: bytes, headers: bytes | None) -> None:
+    def _retain(
+        self, topic: str, msg_id: str, payload: bytes, headers: bytes | None, extra: bytes | None
+    ) -> None:
         """Make this the retained message of ``topic``; an empty payload deletes it."""
         if payload:
             self.conn.execute(
-                "INSERT INTO retained (topic, msg_id, payload, headers) VALUES (?, ?, ?, ?) "
+                "INSERT INTO retained (topic, msg_id, payload, headers, extra) "
+                "VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (topic) DO UPDATE SET msg_id = excluded.msg_id, "
-                "payload = excluded.payload, headers = excluded.headers",
-                (topic, msg_id, payload, headers),
+                "payload = excluded.payload, headers = excluded.headers, extra = excluded.extra",
+                (topic, msg_id, payload, headers, extra),
             )
         else:
             self.conn.execute("DELETE FROM retained WHERE topic = ?", (topic,))
@@ -620,18 +630,28 @@ class SqliteBackend:
             "LEFT JOIN messages AS m ON m.rowid = d.message WHERE d.client_id = ?",
             (client_id,),
         ).fetchone()
-        filters = self.conn.execute(
-            "SELECT filter, dialect FROM filters WHERE client_id = ? ORDER BY filter, dialect",
+        filters = []
+        options = {}
+        for flt, dialect, opts in self.conn.execute(
+            "SELECT filter, dialect, options FROM filters WHERE client_id = ? "
+            "ORDER BY filter, dialect",
             (client_id,),
-        ).fetchall()
-        return SessionRecord(*row, tuple(filters), pending, pending_bytes)
+        ):
+            filters.append((flt, dialect))
+            if opts is not None:
+                options[flt, dialect] = opts
+        return SessionRecord(*row, tuple(filters), pending, pending_bytes, options)
 
     def sessions(self) -> list[SessionRecord]:
         filters: dict[str, list[tuple[str, str]]] = {}
-        for client_id, flt, dialect in self.conn.execute(
-            "SELECT client_id, filter, dialect FROM filters ORDER BY client_id, filter, dialect"
+        options: dict[str, dict[tuple[str, str], bytes]] = {}
+        for client_id, flt, dialect, opts in self.conn.execute(
+            "SELECT client_id, filter, dialect, options FROM filters "
+            "ORDER BY client_id, filter, dialect"
         ):
             filters.setdefault(client_id, []).append((flt, dialect))
+            if opts is not None:
+                options.setdefault(client_id, {})[flt, dialect] = opts
         rows = self.conn.execute(
             "SELECT s.client_id, s.grp, s.last_ack, s.next_seq, count(d.seq), "
             "coalesce(sum(length(m.payload)), 0) FROM sessions AS s "
@@ -641,7 +661,14 @@ class SqliteBackend:
         )
         return [
             SessionRecord(
-                client_id, group, last_ack, next_seq, tuple(filters.get(client_id, ())), n, size
+                client_id,
+                group,
+                last_ack,
+                next_seq,
+                tuple(filters.get(client_id, ())),
+                n,
+                size,
+                options.get(client_id, {}),
             )
             for client_id, group, last_ack, next_seq, n, size in rows
         ]
@@ -650,7 +677,7 @@ class SqliteBackend:
         if limit <= 0:
             return []
         rows = self.conn.execute(
-            "SELECT d.seq, m.msg_id, m.topic, m.payload, m.headers, m.retained "
+            "SELECT d.seq, m.msg_id, m.topic, m.payload, m.headers, m.retained, m.extra "
             "FROM deliveries AS d JOIN messages AS m ON m.rowid = d.message "
             "WHERE d.client_id = ? AND d.seq > ? ORDER BY d.seq LIMIT ?",
             (client_id, after_seq, limit),
@@ -664,19 +691,22 @@ class SqliteBackend:
                 payload,
                 None if headers is None else unpack(headers),
                 bool(retained),
+                extra,
             )
-            for seq, msg_id, topic, payload, headers, retained in rows
+            for seq, msg_id, topic, payload, headers, retained, extra in rows
         ]
 
     def retained(self) -> list[RetainedMessage]:
         """Every retained message, by topic."""
         rows = self.conn.execute(
-            "SELECT topic, msg_id, payload, headers FROM retained ORDER BY topic"
+            "SELECT topic, msg_id, payload, headers, extra FROM retained ORDER BY topic"
         )
         unpack = msgpack.unpackb
         return [
-            RetainedMessage(topic, msg_id, payload, None if headers is None else unpack(headers))
-            for topic, msg_id, payload, headers in rows
+            RetainedMessage(
+                topic, msg_id, payload, None if headers is None else unpack(headers), extra
+            )
+            for topic, msg_id, payload, headers, extra in rows
         ]
 
 
@@ -692,6 +722,7 @@ class Append:
 
     __slots__ = (
         "deliveries",
+        "extra",
         "from_retained",
         "headers",
         "msg_id",
@@ -711,6 +742,7 @@ class Append:
         publisher_msg_id: str | None,
         retain: bool = False,
         from_retained: bool = False,
+        extra: bytes | None = None,
     ) -> None:
         self.msg_id = msg_id
         self.topic = topic
@@ -720,6 +752,7 @@ class Append:
         self.publisher_msg_id = publisher_msg_id
         self.retain = retain  # also the topic's retained message (empty payload: delete it)
         self.from_retained = from_retained  # a copy of a retained message, for a subscriber
+        self.extra = extra  # stored as it is (broker.core.extra), None for nothing
 
     def __call__(self, backend: SqliteBackend) -> bool:
         return backend.append(
@@ -731,6 +764,7 @@ class Append:
             publisher_msg_id=self.publisher_msg_id,
             retain=self.retain,
             from_retained=self.from_retained,
+            extra=self.extra,
         )
 
 

@@ -262,9 +262,20 @@ class Store:
             partial(SqliteBackend.set_filters, client_id=client_id, filters=pairs)
         )
 
-    async def add_filter(self, client_id: str, filter: str, dialect: str) -> None:
+    async def add_filter(
+        self, client_id: str, filter: str, dialect: str, options: bytes | None = None
+    ) -> None:
+        """Add (filter, dialect) to the session's filters with ``options`` (opaque bytes a
+        front end keeps with it, read back in ``SessionRecord.filter_options``); the same
+        filter again replaces its options (None clears them)."""
         await self._queue.submit(
-            partial(SqliteBackend.add_filter, client_id=client_id, filter=filter, dialect=dialect)
+            partial(
+                SqliteBackend.add_filter,
+                client_id=client_id,
+                filter=filter,
+                dialect=dialect,
+                options=None if options is None else bytes(options),
+            )
         )
 
     async def remove_filter(self, client_id: str, filter: str, dialect: str) -> None:
@@ -285,6 +296,7 @@ class Store:
         publisher_msg_id: str | None = None,
         retain: bool = False,
         from_retained: bool = False,
+        extra: bytes | None = None,
     ) -> bool:
         """Store a message once and one pending delivery per (client_id, seq); durable on return.
 
@@ -296,7 +308,9 @@ class Store:
         have been stored (at-least-once). With ``retain`` the message also becomes the
         retained message of its topic (an empty payload deletes the topic's instead), in the
         same transaction; a duplicate changes nothing. ``from_retained`` marks the stored
-        message as a copy of a retained message (its ``StoredMessage.retained``).
+        message as a copy of a retained message (its ``StoredMessage.retained``). ``extra``
+        (``broker.core.extra.pack_extra``) is stored with the message and with the retained
+        copy, and read back as ``StoredMessage.extra`` / ``RetainedMessage.extra``.
         """
         return await self._queue.submit(
             Append(
@@ -308,6 +322,7 @@ class Store:
                 publisher_msg_id,
                 retain,
                 from_retained,
+                extra,
             )
         )
 
@@ -323,6 +338,7 @@ class Store:
         on_done: OnDone | None = None,
         retain: bool = False,
         from_retained: bool = False,
+        extra: bytes | None = None,
     ) -> Pending:
         """``append``, returning once it is queued: the broker's reader must not wait for a
         commit per PUB, or there would be nothing to group. ``await handle.wait()`` gives
@@ -338,6 +354,7 @@ class Store:
             publisher_msg_id,
             retain,
             from_retained,
+            extra,
         )
         return await self._queue.enqueue(work, on_done)
 
@@ -352,13 +369,22 @@ class Store:
         on_done: OnDone | None = None,
         retain: bool = False,
         from_retained: bool = False,
+        extra: bytes | None = None,
     ) -> Pending:
         """``begin_append`` without a checkpoint when the queue has room (the broker's reader
         queues one per PUB between two reads); ``trio.WouldBlock``, nothing queued, when it
         is full."""
         blob = None if headers is None else msgpack.packb(headers)
         work = Append(
-            msg_id, topic, bytes(payload), blob, deliveries, publisher_msg_id, retain, from_retained
+            msg_id,
+            topic,
+            bytes(payload),
+            blob,
+            deliveries,
+            publisher_msg_id,
+            retain,
+            from_retained,
+            extra,
         )
         return self._enqueue_nowait(work, on_done)
 
