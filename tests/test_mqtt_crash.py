@@ -19,6 +19,9 @@ from pathlib import Path
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tests.mqttkit import WAIT, Paho
 from tests.test_crash import free_port
@@ -110,6 +113,47 @@ def test_nothing_pubacked_is_lost_when_the_broker_is_killed(tmp_path: Path) -> N
             missing = confirmed - got
             assert not missing, f"{name}: {len(missing)} PUBACKed messages lost"
             again.disconnect()
+    finally:
+        if broker.poll() is None:
+            os.kill(broker.pid, signal.SIGTERM)
+            broker.wait(timeout=WAIT)
+
+
+def test_a_persistent_session_keeps_its_options_and_its_messages_properties_across_a_kill(
+    tmp_path: Path,
+) -> None:
+    port, mqtt_port = free_port(), free_port()
+    broker = start(port, mqtt_port, tmp_path)
+    try:
+        sub = Paho(mqtt_port, "keeper", version=5, clean=True, expiry=3600)
+        sub.connect()
+        props = Properties(PacketTypes.SUBSCRIBE)
+        props.SubscriptionIdentifier = 4
+        sub.subscribe("keep/#", options=SubscribeOptions(qos=2), properties=props)
+        sub.disconnect()
+        pub = Paho(mqtt_port, "pub", version=5)
+        pub.connect()
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = [("k", "v")]
+        props.CorrelationData = b"corr"
+        props.MessageExpiryInterval = 600
+        pub.publish("keep/1", b"kept", qos=2, properties=props)  # PUBREC came: it is stored
+        pub.disconnect()
+        broker.send_signal(signal.SIGKILL)
+        broker.wait(timeout=WAIT)
+
+        broker = start(port, mqtt_port, tmp_path)
+        again = Paho(mqtt_port, "keeper", version=5, clean=False, expiry=3600)
+        flags, _reason, _props = again.connect()
+        assert flags.session_present
+        message = again.receive()
+        assert (message.topic, message.payload, message.qos) == ("keep/1", b"kept", 2)
+        got = message.properties
+        assert got.UserProperty == [("k", "v")]
+        assert got.CorrelationData == b"corr"
+        assert 0 < got.MessageExpiryInterval <= 600
+        assert got.SubscriptionIdentifier == [4]
+        again.disconnect()
     finally:
         if broker.poll() is None:
             os.kill(broker.pid, signal.SIGTERM)

@@ -166,11 +166,13 @@ async def _open(conn: MqttConnection, connect: Connect) -> Accepted:
     state = frontend.clients.get(client_id) if present else None
     if state is None:
         state = frontend.clients[client_id] = ClientState()
-        if present:  # restored from the store: the options were not kept (docs/mqtt.md)
+        if present:  # restored from the store, with the options it kept
+            stored = broker.registry.filter_options.pop(client_id, {})
             for (text, dialect), ref in session.refs.items():
                 if dialect == routing.MQTT:
+                    options = Options.unpack(stored.get((text, dialect))) or Options(qos=1)
                     state.subscriptions.add(
-                        routing.parse_filter(text, dialect), ref.sub_id, Options(qos=1)
+                        routing.parse_filter(text, dialect), ref.sub_id, options
                     )
     state.expiry = expiry
     keepalive = float(connect.keepalive)

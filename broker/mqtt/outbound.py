@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from broker.core import Member, Message, Session
+from broker.core.extra import apply_extra
 from broker.mqtt.closing import Closing
 from broker.mqtt.connect import Accepted
 from broker.mqtt.publish import append_publish, delivery_properties
@@ -273,6 +274,7 @@ class Outbound:
         self._now = trio.current_time()
         for m in page:
             message = Message(m.topic, m.payload, m.headers, m.msg_id, from_retained=m.retained)
+            apply_extra(message, m.extra)  # QoS, MQTT 5 properties, expiry
             self.append(parts, message, 0, m.seq)
         session.sent_upto = page[-1].seq
         broker.counters.messages_replayed += len(page)

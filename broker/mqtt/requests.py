@@ -318,21 +318,19 @@ class Requests:
                 identifier=identifier,
             )
             existing = self.state.subscriptions.by_filter.get(text)
-            if existing is not None:
-                sub_id = existing[0]
-            else:
-                sub_id = broker.subscribe(session, flt)
-                if session.durable:
-                    store = broker.store
-                    assert store is not None
-                    try:
-                        await store.add_filter(session.client_id, flt.text, flt.dialect)
-                    except StoreError as exc:
+            sub_id = existing[0] if existing is not None else broker.subscribe(session, flt)
+            if session.durable and (existing is None or existing[1] != options):
+                store = broker.store
+                assert store is not None
+                try:  # the options too: they outlive the broker process with the session
+                    await store.add_filter(session.client_id, flt.text, flt.dialect, options.pack())
+                except StoreError as exc:
+                    if existing is None:
                         broker.unsubscribe(session, sub_id)
-                        broker.counters.store_errors += 1
-                        log.error("store failed", client=session.client_id, error=str(exc))
-                        codes.append(R.UNSPECIFIED_ERROR if self.v5 else 0x80)
-                        continue
+                    broker.counters.store_errors += 1
+                    log.error("store failed", client=session.client_id, error=str(exc))
+                    codes.append(R.UNSPECIFIED_ERROR if self.v5 else 0x80)
+                    continue
             self.state.subscriptions.add(flt, sub_id, options)
             codes.append(sub.qos)
             if sub.retain_handling == 0 or (sub.retain_handling == 1 and existing is None):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgpack
+
 import routing
 
 
@@ -28,6 +30,24 @@ class Options:
     no_local: bool = False
     retain_as_published: bool = False
     identifier: int | None = None
+
+    def pack(self) -> bytes:
+        """How the store keeps them (``filters.options``), for a session that outlives the
+        broker process."""
+        return msgpack.packb([self.qos, self.no_local, self.retain_as_published, self.identifier])
+
+    @classmethod
+    def unpack(cls, data: bytes | None) -> Options | None:
+        """``pack``'s inverse; None for nothing stored or anything it did not write."""
+        if not data:
+            return None
+        try:
+            qos, no_local, rap, identifier = msgpack.unpackb(data)
+        except (ValueError, TypeError, msgpack.UnpackException):
+            return None
+        if qos not in (0, 1, 2) or not (identifier is None or isinstance(identifier, int)):
+            return None
+        return cls(qos, bool(no_local), bool(rap), identifier)
 
 
 @dataclass(frozen=True, slots=True)
