@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hmac
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -27,15 +26,13 @@ from broker.core import GROUP_PREFIX, Message, Session
 from broker.log import get_logger
 from broker.mqtt import reasons as R
 from broker.mqtt.codec import MqttError, encode
+from broker.mqtt.holder import Conn
 from broker.mqtt.packets import ConnAck, Connect
 from broker.mqtt.publish import pass_through_properties
 from broker.mqtt.state import NEVER, ClientState
 from broker.mqtt.subscriptions import Options
 from broker.net import RECEIVE_SIZE
 from broker.store import StoreError
-
-if TYPE_CHECKING:
-    from broker.mqtt.connection import MqttConnection
 
 log = get_logger("topiary.mqtt")
 
@@ -66,7 +63,7 @@ class Accepted:
         return self.protocol_level == 5
 
 
-async def accept_connect(conn: MqttConnection) -> Accepted | None:
+async def accept_connect(conn: Conn) -> Accepted | None:
     """Read CONNECT and answer it: the session opened, or None (refused, or no CONNECT)."""
     broker = conn.broker
     decoder = conn.decoder
@@ -106,7 +103,7 @@ class _Refused(Exception):
         self.text = text
 
 
-async def _open(conn: MqttConnection, connect: Connect) -> Accepted:
+async def _open(conn: Conn, connect: Connect) -> Accepted:
     broker = conn.broker
     config = broker.config
     frontend = conn.mqtt
@@ -207,9 +204,7 @@ async def _open(conn: MqttConnection, connect: Connect) -> Accepted:
     )
 
 
-async def _session(
-    conn: MqttConnection, client_id: str, clean: bool, expiry: float
-) -> tuple[Session, bool]:
+async def _session(conn: Conn, client_id: str, clean: bool, expiry: float) -> tuple[Session, bool]:
     """The client's session and whether it was there (CONNACK Session Present)."""
     broker = conn.broker
     stored = broker.durable.get(client_id)
@@ -225,7 +220,7 @@ async def _session(
     return broker.open_session(client_id), False
 
 
-def _will_message(conn: MqttConnection, connect: Connect) -> Message:
+def _will_message(conn: Conn, connect: Connect) -> Message:
     will = connect.will
     assert will is not None
     try:
@@ -250,7 +245,7 @@ def _will_message(conn: MqttConnection, connect: Connect) -> Message:
     return message
 
 
-async def _refuse(conn: MqttConnection, level: int, reason: int, text: str) -> None:
+async def _refuse(conn: Conn, level: int, reason: int, text: str) -> None:
     """CONNACK with ``reason`` (3.1.1: the nearest return code), then close."""
     conn.mqtt.counters.connect_refused += 1
     conn.broker.counters.errors[f"MQTT_{reason:#04x}"] += 1

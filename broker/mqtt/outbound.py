@@ -24,19 +24,15 @@ their PUBACK acknowledges the one message to the group.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import trio
 
 from broker.core import Member, Message, Session
 from broker.core.extra import apply_extra
 from broker.mqtt.closing import Closing
 from broker.mqtt.connect import Accepted
+from broker.mqtt.holder import Conn
 from broker.mqtt.publish import append_publish, delivery_properties
 from broker.mqtt.subscriptions import Options
-
-if TYPE_CHECKING:
-    from broker.mqtt.connection import MqttConnection
 
 BATCH_BYTES = 256 * 1024
 FILL_PAGE = 1000
@@ -62,7 +58,7 @@ class ShareSink:
 class Outbound:
     """One connection's deliveries: encoding, the in-flight window, acknowledgements."""
 
-    def __init__(self, conn: MqttConnection, accepted: Accepted) -> None:
+    def __init__(self, conn: Conn, accepted: Accepted) -> None:
         self.conn = conn
         self.accepted = accepted
         self.session = accepted.session

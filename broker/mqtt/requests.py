@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -25,6 +25,7 @@ from broker.mqtt import reasons as R
 from broker.mqtt.closing import Closing
 from broker.mqtt.codec import encode
 from broker.mqtt.connect import TOPIC_ALIAS_MAXIMUM, Accepted
+from broker.mqtt.holder import Conn
 from broker.mqtt.outbound import Outbound, ShareSink
 from broker.mqtt.packets import (
     Auth,
@@ -44,9 +45,6 @@ from broker.mqtt.packets import (
 from broker.mqtt.publish import pass_through_properties
 from broker.mqtt.subscriptions import Options
 from broker.store import Pending, StoreError
-
-if TYPE_CHECKING:
-    from broker.mqtt.connection import MqttConnection
 
 log = get_logger("topiary.mqtt")
 
@@ -103,7 +101,7 @@ class Replies:
 class Requests:
     """One MQTT client's packets on its session (see the module docstring)."""
 
-    def __init__(self, conn: MqttConnection, accepted: Accepted, outbound: Outbound) -> None:
+    def __init__(self, conn: Conn, accepted: Accepted, outbound: Outbound) -> None:
         self.conn = conn
         self.broker = conn.broker
         self.accepted = accepted

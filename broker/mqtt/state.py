@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
-from broker.core import Broker, Message
+from broker.core import Broker, Holder, Message
 from broker.log import get_logger
 from broker.mqtt.subscriptions import Subscriptions
-
-if TYPE_CHECKING:
-    from broker.mqtt.connection import MqttConnection
 
 log = get_logger("topiary.mqtt")
 
@@ -68,7 +65,7 @@ class MqttFrontEnd:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.clients: dict[str, ClientState] = {}
-        self.live: dict[str, MqttConnection] = {}
+        self.live: dict[str, Holder] = {}  # the connection holding each client id
         self.counters = FrontEndCounters()
         self._nursery: trio.Nursery | None = None
 
