@@ -15,6 +15,7 @@ broker's), so a session holding thousands of filters pays for the answer, not fo
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import msgpack
@@ -67,15 +68,16 @@ SKIP = Delivery(0, False, (), skip=True)
 class Subscriptions:
     """The MQTT subscriptions of one session: filter text -> (core sub id, options, filter)."""
 
-    __slots__ = ("_cache", "_table", "_uniform", "by_filter")
+    __slots__ = ("_cache", "_counts", "_table", "_uniform", "by_filter")
 
     def __init__(self) -> None:
         self.by_filter: dict[str, tuple[int, Options, routing.Filter]] = {}
         self._cache: dict[tuple[str, bool], Delivery] = {}
         # (own, not own) deliveries when every subscription has the same options; None when
         # they differ (then _table, made when first needed, finds the matching ones)
-        self._uniform: tuple[Delivery, Delivery] | None = None
+        self._uniform: tuple[Delivery, Delivery, Options] | None = None
         self._table: routing.SubscriptionTable | None = None
+        self._counts: Counter[Options] = Counter()  # subscriptions per distinct options
 
     def __len__(self) -> int:
         return len(self.by_filter)
@@ -85,22 +87,39 @@ class Subscriptions:
         again replaces the subscription), or None."""
         old = self.by_filter.get(flt.text)
         self.by_filter[flt.text] = (sub_id, options, flt)
+        if old is not None:
+            self._forget(old[1])
+        self._counts[options] += 1
         self._changed()
         return None if old is None else old[0]
 
     def remove(self, text: str) -> int | None:
         """Forget the subscription to ``text``; its core sub id, or None if there was none."""
         entry = self.by_filter.pop(text, None)
+        if entry is None:
+            return None
+        self._forget(entry[1])
         self._changed()
-        return None if entry is None else entry[0]
+        return entry[0]
+
+    def _forget(self, options: Options) -> None:
+        counts = self._counts
+        counts[options] -= 1
+        if not counts[options]:
+            del counts[options]
 
     def _changed(self) -> None:
-        self._cache.clear()
+        """A subscription came or went: answers made before may be wrong (a few hundred
+        nanoseconds however many subscriptions there are: a session may make thousands)."""
+        if self._cache:
+            self._cache.clear()
         self._table = None
-        options = {entry[1] for entry in self.by_filter.values()}
-        if len(options) == 1:
-            (only,) = options
-            self._uniform = (_delivery([only], True), _delivery([only], False))
+        counts = self._counts
+        if len(counts) == 1:
+            (only,) = counts
+            uniform = self._uniform
+            if uniform is None or uniform[2] is not only:
+                self._uniform = (_delivery([only], True), _delivery([only], False), only)
         else:
             self._uniform = None
 
