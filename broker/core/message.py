@@ -26,6 +26,7 @@ class Message:
         "expires_at",
         "from_retained",
         "headers",
+        "mqtt_heads",
         "mqtt_props",
         "mqtt_shared",
         "msg_id",
@@ -69,6 +70,7 @@ class Message:
         self.origin: object = None
         self.mqtt_props: bytes | None = None
         self.mqtt_shared: tuple | None = None
+        self.mqtt_heads: list[bytes] | None = None
         self.retain = retain  # the publisher set the retain flag
         self.from_retained = from_retained  # delivered from the retained store on subscribe
 

@@ -98,6 +98,21 @@ def shared(message: Message) -> tuple[bytes, bytes]:
     return cached
 
 
+def _plain_heads(message: Message) -> list[bytes]:
+    """The heads of a QoS 0 PUBLISH of ``message`` without RETAIN or properties of its own
+    (3.1.1, 5.0), made once per message."""
+    heads = message.mqtt_heads
+    if heads is None:
+        topic_bytes, props = shared(message)
+        size = len(topic_bytes) + message.size
+        v3 = bytes((PUBLISH_TYPE,)) + varint(size) + topic_bytes
+        prop_head = varint(len(props))
+        size5 = size + len(prop_head) + len(props)
+        v5 = bytes((PUBLISH_TYPE,)) + varint(size5) + topic_bytes + prop_head + props
+        heads = message.mqtt_heads = [v3, v5]
+    return heads
+
+
 def delivery_properties(
     expiry: int | None, subscription_ids: tuple[int, ...] | list[int], alias: int = 0
 ) -> bytes:
@@ -128,6 +143,12 @@ def append_publish(
 
     ``extra`` is the delivery's own v5 properties (``delivery_properties``); ``topic``
     replaces the topic (an empty one, when a topic alias stands for it)."""
+    if not qos and not retain and not extra and topic is None:
+        # the same packet for every such delivery: its head made once per message and version
+        head = _plain_heads(message)[v5]
+        parts.append(head)
+        parts.append(message.payload)
+        return len(head) + message.size
     topic_bytes, props = shared(message)
     if topic is not None:
         topic_bytes = topic
