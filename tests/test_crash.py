@@ -41,7 +41,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_broker(port: int, data_dir: Path) -> subprocess.Popen:
+def start_broker(
+    port: int, data_dir: Path, *extra: str, wait_port: int | None = None
+) -> subprocess.Popen:
+    """``topiary serve`` on ``port`` with ``data_dir`` (and ``extra`` arguments), once it
+    listens on ``wait_port`` (default: ``port``)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -54,13 +58,15 @@ def start_broker(port: int, data_dir: Path) -> subprocess.Popen:
             str(data_dir),
             "--log-format",
             "json",
+            *extra,
         ],
         stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection(("127.0.0.1", wait_port or port), timeout=0.2):
                 return proc
         except OSError:
             if proc.poll() is not None:

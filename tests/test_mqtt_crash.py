@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,42 +23,14 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tests.mqttkit import WAIT, Paho
-from tests.test_crash import free_port
+from tests.test_crash import free_port, start_broker
 
 MESSAGES = 3000  # sent in all; the kill comes after KILL_AFTER were acknowledged
 KILL_AFTER = 400
 
 
 def start(port: int, mqtt_port: int, data_dir: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "broker.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--mqtt",
-            f"127.0.0.1:{mqtt_port}",
-            "--data-dir",
-            str(data_dir),
-        ],
-        stderr=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-    )
-    import socket
-
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", mqtt_port), timeout=0.2):
-                return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise AssertionError("the broker exited at start-up") from None
-            time.sleep(0.05)  # a real process: poll its port (bounded) until it listens
-    proc.kill()
-    raise AssertionError("the broker did not start")
+    return start_broker(port, data_dir, "--mqtt", f"127.0.0.1:{mqtt_port}", wait_port=mqtt_port)
 
 
 def test_nothing_pubacked_is_lost_when_the_broker_is_killed(tmp_path: Path) -> None:

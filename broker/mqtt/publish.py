@@ -18,6 +18,9 @@ import struct
 from typing import Final
 
 from broker.core import Message
+from broker.mqtt.wire import varint
+from broker.mqtt.wire import write_binary as binary
+from broker.mqtt.wire import write_string as utf8
 
 _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
@@ -31,30 +34,6 @@ PROP_CORRELATION_DATA: Final = 0x09
 PROP_SUBSCRIPTION_ID: Final = 0x0B
 PROP_TOPIC_ALIAS: Final = 0x23
 PROP_USER_PROPERTY: Final = 0x26
-
-
-def varint(n: int) -> bytes:
-    """MQTT's variable byte integer (1 to 4 bytes, 7 bits each, low first)."""
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def utf8(text: str) -> bytes:
-    data = text.encode()
-    return _U16.pack(len(data)) + data
-
-
-def binary(data: bytes) -> bytes:
-    return _U16.pack(len(data)) + data
 
 
 def user_properties(pairs: dict[str, str] | list[tuple[str, str]]) -> bytes:
