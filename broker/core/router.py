@@ -333,7 +333,8 @@ class Broker:
         that instead, and is routed all the same.
         """
         if retain:
-            return self._publish_retained(topic, payload, headers, msg_id)
+            message = Message(topic, payload, headers, msg_id or self.next_msg_id(), retain=True)
+            return self.publish_message(message, msg_id)
         counters = self.counters
         if msg_id is not None and self._recent_ids.seen(msg_id):
             counters.duplicates_dropped += 1
@@ -405,32 +406,6 @@ class Broker:
             return None
         if work is None:
             work = DurableWork(message, [], publisher_msg_id)
-        work.retain = True
-        return work
-
-    def _publish_retained(
-        self, topic: str, payload: bytes, headers: dict[str, str] | None, msg_id: str | None
-    ) -> DurableWork | None:
-        """``publish`` with the retain flag: routed as usual, then kept (or deleted)."""
-        counters = self.counters
-        if msg_id is not None and self._recent_ids.seen(msg_id):
-            counters.duplicates_dropped += 1
-            return None
-        counters.messages_in += 1
-        counters.bytes_in += len(payload)
-        message = Message(topic, payload, headers, msg_id or self.next_msg_id(), retain=True)
-        peering = self.peering
-        dests = peering.wanting(topic) if peering.active else None
-        work = self._route(
-            topic, payload, headers, message.msg_id, msg_id, message, remote=bool(dests)
-        )  # (raises QuotaExceeded before anything is retained)
-        if dests:
-            peering.forward(message, msg_id is not None, dests, 1, self.server_id)
-        self.retained.update(topic, payload, headers, message.msg_id)
-        if self.store is None:
-            return None
-        if work is None:
-            work = DurableWork(message, [], msg_id)
         work.retain = True
         return work
 
