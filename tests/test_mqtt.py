@@ -5,6 +5,7 @@ Each test runs a broker in a thread (tests/mqttkit.py) and talks to it over 127.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import pytest
@@ -15,8 +16,8 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from broker.client import connect as native_connect
 from broker.mqtt.codec import encode
-from broker.mqtt.packets import Connect, Will
-from tests.mqttkit import Paho, Running, broker_in_thread, nothing_more, receive_from_any
+from broker.mqtt.packets import Connect, SubAck, Subscribe, Subscription, Will
+from tests.mqttkit import Paho, Raw, Running, broker_in_thread, nothing_more, receive_from_any
 
 VERSIONS = [4, 5]
 
@@ -290,11 +291,11 @@ def test_a_malformed_packet_closes_only_that_connection(broker: Running) -> None
     healthy.connect()
     healthy.subscribe("ok/#", qos=1)
     with socket.create_connection(("127.0.0.1", broker.mqtt_port), timeout=10) as raw:
-        raw.sendall(b"\x10\x03\x00\x04MQ")  # a CONNECT cut short in its protocol name
-        raw.sendall(b"\xff" * 8)
-        raw.shutdown(socket.SHUT_WR)
-        while raw.recv(4096):
-            pass  # the broker closes it
+        # a CONNECT cut short in its protocol name, then garbage, in one write
+        raw.sendall(b"\x10\x03\x00\x04MQ" + b"\xff" * 8)
+        with contextlib.suppress(ConnectionResetError):
+            while raw.recv(4096):
+                pass  # until the broker closes it
     healthy.publish("ok/still", b"served", qos=1)
     assert healthy.receive().payload == b"served"
     healthy.disconnect()
@@ -349,3 +350,28 @@ def test_shutdown_delivers_what_was_acknowledged_then_says_why() -> None:
         got = [sub.receive().topic for _ in range(200)]
         assert got == [f"bye/{i}" for i in range(200)]
         assert sub.disconnects.get(timeout=10) == 0x8B  # Server shutting down
+
+
+def test_topics_sent_again_go_as_topic_aliases_up_to_the_clients_maximum(
+    broker: Running,
+) -> None:
+    client = Raw(broker.mqtt_port)
+    connect = Connect("aliased", protocol_level=5)
+    connect.properties.topic_alias_maximum = 1
+    client.send(connect)
+    assert client.receive().reason_code == 0
+    client.send(Subscribe(1, [Subscription("al/#", qos=0)]))
+    assert isinstance(client.receive(), SubAck)
+    pub = Paho(broker.mqtt_port, "pub")
+    pub.connect()
+    for topic in ("al/x", "al/x", "al/y", "al/x"):
+        pub.publish(topic, topic.encode(), qos=1)
+    got = [client.receive() for _ in range(4)]
+    assert [(p.topic, p.properties.topic_alias, p.payload) for p in got] == [
+        ("al/x", 1, b"al/x"),  # defines alias 1
+        ("", 1, b"al/x"),  # uses it
+        ("al/y", None, b"al/y"),  # the client takes one alias only
+        ("", 1, b"al/x"),
+    ]
+    client.close()
+    pub.disconnect()

@@ -35,6 +35,7 @@ from broker.mqtt.publish import append_publish, delivery_properties
 from broker.mqtt.subscriptions import Options
 
 BATCH_BYTES = 256 * 1024
+EMPTY_TOPIC = b"\x00\x00"  # a PUBLISH topic of length 0: its topic alias says which
 FILL_PAGE = 1000
 PACKET_IDS = 65535
 
@@ -75,6 +76,9 @@ class Outbound:
         self._now = 0.0
         self.shared: list[tuple[Message, ShareSink, int]] = []  # shared subs' deliveries
         self.shares: dict[str, ShareSink] = {}  # "G/F" of each $share/G/F subscription
+        # MQTT 5 topic aliases towards the client (topic -> alias), when it takes them: the
+        # first topics it is sent get one each, up to its Topic Alias Maximum, for good
+        self.aliases: dict[str, int] | None = {} if accepted.topic_alias_maximum else None
         # a durable session's acks, written to the store in order by one task at a time
         self._acking = False
         self._ack_wanted = 0
@@ -330,20 +334,39 @@ class Outbound:
         """Append one PUBLISH; its size, or 0 (nothing appended) when it is larger than the
         client's Maximum Packet Size (counted)."""
         extra = b""
+        topic = None
+        alias = 0
         if self.v5:
             expiry = None
             if message.expires_at:
                 expiry = max(int(message.expires_at - self._now), 1)
-            if expiry is not None or identifiers:
-                extra = delivery_properties(expiry, identifiers)
+            aliases = self.aliases
+            if aliases is not None:  # the client takes topic aliases from us
+                alias = aliases.get(message.topic, 0)
+                if alias:
+                    topic = EMPTY_TOPIC  # known to the client: the alias stands for it
+                elif len(aliases) < self.accepted.topic_alias_maximum:
+                    alias = len(aliases) + 1  # defined by this packet (topic sent in full)
+            if expiry is not None or identifiers or alias:
+                extra = delivery_properties(expiry, identifiers, alias)
         mark = len(parts)
         size = append_publish(
-            parts, message, qos=qos, retain=retain, dup=dup, packet_id=pid, v5=self.v5, extra=extra
+            parts,
+            message,
+            qos=qos,
+            retain=retain,
+            dup=dup,
+            packet_id=pid,
+            v5=self.v5,
+            extra=extra,
+            topic=topic,
         )
         if size > self.accepted.maximum_packet:
             del parts[mark:]
             self.conn.mqtt.counters.too_large_for_client += 1
             return 0
+        if alias and topic is None:
+            self.aliases[message.topic] = alias  # type: ignore[index]  (the packet is out)
         return size
 
     # -- acknowledgements ----------------------------------------------------------------
