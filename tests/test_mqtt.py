@@ -375,3 +375,20 @@ def test_topics_sent_again_go_as_topic_aliases_up_to_the_clients_maximum(
     ]
     client.close()
     pub.disconnect()
+
+
+def test_a_resumed_session_is_still_in_its_shared_subscription(tmp_path) -> None:
+    with broker_in_thread(data_dir=str(tmp_path)) as running:
+        worker = Paho(running.mqtt_port, "worker", clean=True, expiry=600)
+        worker.connect()
+        worker.subscribe("$share/pool/work/#", qos=1)
+        worker.disconnect()
+        pub = Paho(running.mqtt_port, "pub")
+        pub.connect()
+        pub.publish("work/1", b"while away", qos=1)  # the group keeps it for its member
+        back = Paho(running.mqtt_port, "worker", clean=False, expiry=600)
+        assert back.connect()[0].session_present
+        pub.publish("work/2", b"back", qos=1)
+        assert [back.receive().payload for _ in range(2)] == [b"while away", b"back"]
+        back.disconnect()
+        pub.disconnect()

@@ -151,6 +151,8 @@ class MqttConnection:
                 nursery.start_soon(outbound.run_writer, self._writer_done, self._last_word_due)
                 requests.start_in(nursery)
                 with self._reader_scope:
+                    if accepted.state.shares:
+                        await requests.rejoin_shares()
                     await self._reader(requests)
                 await self._finish(session)
                 nursery.cancel_scope.cancel()

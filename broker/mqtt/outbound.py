@@ -186,7 +186,8 @@ class Outbound:
 
     def leave(self, sink: ShareSink) -> None:
         """Leave a shared group: what this connection held of it goes to its other members
-        (the group ends with its last member)."""
+        (the group ends with its last member, unless a persistent session away still holds
+        it: ``MqttFrontEnd.release_share``)."""
         member = sink.member
         sink.member = None
         self.shared = [entry for entry in self.shared if entry[1] is not sink]
@@ -197,8 +198,7 @@ class Outbound:
             return
         group = member.group
         group.leave(member)
-        if not group.members:
-            self.conn.mqtt.spawn(self.conn.broker.drop_group, group)
+        self.conn.mqtt.release_share(group)
 
     def leave_all(self) -> None:
         for sink in self.shares.values():

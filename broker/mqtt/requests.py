@@ -369,13 +369,24 @@ class Requests:
             broker.counters.store_errors += 1
             log.error("store failed", client=self.session.client_id, error=str(exc))
             return R.UNSPECIFIED_ERROR if self.v5 else 0x80
+        if self.session.durable:  # the session keeps it across reconnects
+            self.state.shares[name] = options
         sink = sinks[name] = ShareSink(self.outbound, options)
         sink.member = group.join(sink)  # type: ignore[arg-type]  (a member's sink)
         return qos
 
+    async def rejoin_shares(self) -> None:
+        """A resumed session's shared subscriptions: this connection joins their groups."""
+        for name, options in list(self.state.shares.items()):
+            await self._share(
+                SHARE_PREFIX + name, options.qos, options.retain_as_published, options.identifier
+            )
+
     def _unshare(self, text: str) -> bool:
         """Leave the shared subscription ``text``; False if this client had none."""
-        sink = self.outbound.shares.pop(text[len(SHARE_PREFIX) :], None)
+        name = text[len(SHARE_PREFIX) :]
+        self.state.shares.pop(name, None)
+        sink = self.outbound.shares.pop(name, None)
         if sink is None:
             return False
         self.outbound.leave(sink)

@@ -18,9 +18,9 @@ from typing import Any
 
 import trio
 
-from broker.core import Broker, Holder, Message
+from broker.core import Broker, Group, Holder, Message
 from broker.log import get_logger
-from broker.mqtt.subscriptions import Subscriptions
+from broker.mqtt.subscriptions import Options, Subscriptions
 
 log = get_logger("topiary.mqtt")
 
@@ -37,6 +37,7 @@ class ClientState:
     pubrel_due: dict[int, int] = field(default_factory=dict)  # our PUBRELs: packet id -> seq
     sent_max: int = 0  # highest seq ever sent to this client (durable sessions)
     sent_pids: dict[int, int] = field(default_factory=dict)  # seq -> packet id, unacked
+    shares: dict[str, Options] = field(default_factory=dict)  # "G/F" -> options (durable)
     expiry: float = 0.0  # seconds the session outlives its connection (NEVER: for ever)
     waiting: trio.CancelScope | None = None  # a delayed will or the expiry, while away
 
@@ -143,11 +144,24 @@ class MqttFrontEnd:
         session = self.broker.durable.get(client_id)
         if session is not None and session.connection is not None:
             return  # taken again meanwhile
-        self.clients.pop(client_id, None)
+        state = self.clients.pop(client_id, None)
+        for name in state.shares if state is not None else ():
+            group = self.broker.groups.get(name)
+            if group is not None:
+                self.release_share(group)
         try:
             await self.broker.drop_session(client_id)
         except Exception as exc:  # a store failure: logged, the session stays stored
             log.error("session expiry failed", client=client_id, error=str(exc))
+
+    def release_share(self, group: Group) -> None:
+        """A subscriber left shared group ``group`` (an MQTT ``$share``): the group ends when
+        nobody is in it and no persistent session away holds it."""
+        if group.members:
+            return
+        if any(group.name in state.shares for state in self.clients.values()):
+            return
+        self.spawn(self.broker.drop_group, group)
 
     def publish_will(self, will: Message) -> None:
         """Route a will like any publish (its store work queued in a task of ours)."""
