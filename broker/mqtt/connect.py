@@ -188,7 +188,7 @@ async def _open(conn: Conn, connect: Connect) -> Accepted:
     session.ready = True  # MQTT: stored messages follow CONNACK at once
     session.send_control(encode(connack, connect.protocol_level))
     log.debug("connect", peer=conn.peer, client=client_id, level=connect.protocol_level)
-    receive_maximum = props.receive_maximum or 65535 if v5 else V3_INFLIGHT
+    receive_maximum = (props.receive_maximum or 65535) if v5 else V3_INFLIGHT
     return Accepted(
         session=session,
         client_id=client_id,
