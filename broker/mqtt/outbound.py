@@ -14,6 +14,9 @@ derived from its sequence number (``packet_id``), so a durable session's redeliv
 a reconnect (from the store, after the last ack) carries the same id, with DUP set. A
 durable session's acknowledgement moves to just before the oldest delivery still in
 flight, so the store keeps exactly what may have to be sent again.
+
+A QoS 2 delivery the client has PUBREC'd is not sent again: a reconnect resends our PUBREL
+for it instead (MQTT-4.4.0-1), and a redelivery from the store skips it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import trio
 
 from broker.core import Message, Session
 from broker.mqtt.closing import Closing
+from broker.mqtt.codec import encode
 from broker.mqtt.connect import Accepted
+from broker.mqtt.packets import PubRel
 from broker.mqtt.publish import append_publish, delivery_properties
 
 if TYPE_CHECKING:
@@ -60,6 +65,9 @@ class Outbound:
         # a durable session's acks, written to the store in order by one task at a time
         self._acking = False
         self._ack_wanted = 0
+        # PUBRELs left unanswered by the last connection go first, with their packet ids
+        for pid in self.state.pubrel_due:
+            self.session.send_control(encode(PubRel(pid), self.level))
 
     # -- the writer ----------------------------------------------------------------------
 
@@ -183,6 +191,9 @@ class Outbound:
         """Encode one delivery (``Session.take_batch``'s ``append_msg``); its size, 0 when it
         is not sent (expired, No Local, too large)."""
         self._last_seq = seq
+        pubrel_due = self.state.pubrel_due
+        if pubrel_due and pubrel_due.get(packet_id(seq)) == seq:
+            return 0  # PUBREC'd: it is PUBREL's turn, not the PUBLISH's
         if message.expires_at and self._now >= message.expires_at:
             self.conn.mqtt.counters.expired += 1
             return 0
