@@ -667,3 +667,22 @@ def test_v5_payload_format_content_type_and_response_fields_pass_through(
             got = sub.expect()
         assert isinstance(got, Publish) and got.qos == qos
         assert got.properties == props
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_malformed_connect_is_closed_3_1_1_without_connack_v5_with_0x81(
+    broker: Running, version: int
+) -> None:
+    from broker.mqtt.packets import ConnAck
+
+    flags = 0x03  # Clean Session and the reserved bit, which must be 0
+    props = b"\x00" if version == 5 else b""
+    body = b"\x00\x04MQTT" + bytes([version, flags, 0, 60]) + props + b"\x00\x01c"
+    with Raw(broker.mqtt_port, version) as c:
+        c.send_bytes(bytes([0x10, len(body)]) + body)
+        said = c.expect_closed()
+    if version == 5:
+        assert [(type(p).__name__, p.reason_code) for p in said] == [("ConnAck", 0x81)]  # type: ignore[union-attr]
+    else:
+        assert said == []  # MQTT-3.1.4-1: no CONNACK for a CONNECT that does not conform
+        assert not any(isinstance(p, ConnAck) for p in said)
