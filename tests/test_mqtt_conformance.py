@@ -686,3 +686,39 @@ def test_a_malformed_connect_is_closed_3_1_1_without_connack_v5_with_0x81(
     else:
         assert said == []  # MQTT-3.1.4-1: no CONNACK for a CONNECT that does not conform
         assert not any(isinstance(p, ConnAck) for p in said)
+
+
+def test_v5_a_takeover_that_resumes_the_session_does_not_send_a_delayed_will(
+    broker: Running,
+) -> None:
+    from broker.mqtt.packets import Properties, Will
+
+    watcher = Paho(broker.mqtt_port, "watcher")
+    watcher.connect()
+    watcher.subscribe("wd/#", qos=1)
+    will = Will("wd/taken", b"bye", qos=1, properties=Properties(will_delay_interval=5))
+    props = Properties(session_expiry_interval=60)
+    with Raw(broker.mqtt_port, 5) as old, Raw(broker.mqtt_port, 5) as new:
+        old.connect("taken", will=will, properties=props)
+        new.connect("taken", clean_start=False, properties=props)  # MQTT-3.1.3-9
+        assert [type(p).__name__ for p in old.expect_closed()] == ["Disconnect"]
+        watcher.publish("wd/marker", b"m", qos=1)
+        assert watcher.receive().topic == "wd/marker"
+    watcher.disconnect()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_takeover_with_clean_start_ends_the_session_and_sends_the_will(
+    broker: Running, version: int
+) -> None:
+    from broker.mqtt.packets import Will
+
+    watcher = Paho(broker.mqtt_port, "watcher", version=version)
+    watcher.connect()
+    watcher.subscribe("wd/#", qos=1)
+    with Raw(broker.mqtt_port, version) as old, Raw(broker.mqtt_port, version) as new:
+        old.connect("taken", will=Will("wd/taken", b"bye", qos=1))
+        new.connect("taken", clean_start=True)
+        old.expect_closed()
+        assert watcher.receive().topic == "wd/taken"
+    watcher.disconnect()
