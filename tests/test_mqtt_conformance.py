@@ -722,3 +722,43 @@ def test_a_takeover_with_clean_start_ends_the_session_and_sends_the_will(
         old.expect_closed()
         assert watcher.receive().topic == "wd/taken"
     watcher.disconnect()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_qos2_exchange_from_the_client_completes_after_a_reconnect_and_routes_once(
+    broker: Running, version: int
+) -> None:
+    sub = Paho(broker.mqtt_port, "sub", version=version)
+    sub.connect()
+    sub.subscribe("q2in/#", qos=2)
+    with Raw(broker.mqtt_port, version) as pub:
+        pub.connect("q2pub", **persistent(version))
+        pub.send(Publish("q2in/x", b"once", qos=2, packet_id=11))
+        assert pub.expect() == PubRec(11)
+    with Raw(broker.mqtt_port, version) as pub:
+        assert pub.connect("q2pub", **persistent(version)).session_present
+        pub.send(PubRel(11))
+        assert pub.expect() == PubComp(11)
+        pub.send(Publish("q2in/marker", b"m", qos=1, packet_id=12))
+        assert pub.expect() == PubAck(12)
+    assert [m.topic for m in (sub.receive(), sub.receive())] == ["q2in/x", "q2in/marker"]
+    sub.disconnect()
+
+
+def test_v5_no_more_than_the_clients_receive_maximum_are_in_flight(broker: Running) -> None:
+    from broker.mqtt.packets import Properties
+
+    with Raw(broker.mqtt_port, 5) as sub:
+        sub.connect("narrow", properties=Properties(receive_maximum=2))
+        subscribed(sub, Subscription("rm/#", qos=1))
+        pub = Paho(broker.mqtt_port, "pub")
+        pub.connect()
+        for i in range(4):
+            pub.publish(f"rm/{i}", b"x", qos=1)
+        first = [sub.expect(), sub.expect()]
+        with pytest.raises(TimeoutError):
+            sub.expect(timeout=0.5)  # a bounded look for a third while two are unacknowledged
+        sub.send(PubAck(first[0].packet_id))  # type: ignore[union-attr]
+        third = sub.expect()
+        assert [p.topic for p in [*first, third]] == ["rm/0", "rm/1", "rm/2"]  # type: ignore[union-attr]
+        pub.disconnect()
