@@ -72,18 +72,19 @@ def test_nothing_pubacked_is_lost_when_the_broker_is_killed(tmp_path: Path) -> N
             sub.subscribe("crash/#", qos=1)
             sub.disconnect()
 
-        acked: set[bytes] = set()
+        # No lock shared with paho's thread: holding one across publish() while on_publish
+        # waits for it deadlocks (paho holds its own lock while calling on_publish). The
+        # packet ids (mids) of the PUBACKs are kept, their payloads looked up at the end.
+        acked_mids: list[int] = []  # appended by paho's thread only
         sent: dict[int, bytes] = {}
         enough = threading.Event()
-        lock = threading.Lock()
 
         def on_publish(
             client: object, userdata: object, mid: int, rc: object, props: object
         ) -> None:
-            with lock:
-                acked.add(sent[mid])
-                if len(acked) >= KILL_AFTER:
-                    enough.set()
+            acked_mids.append(mid)
+            if len(acked_mids) >= KILL_AFTER:
+                enough.set()
 
         publisher = paho.Client(CallbackAPIVersion.VERSION2, client_id="pub", protocol=paho.MQTTv5)
         publisher.max_inflight_messages_set(50)
@@ -93,15 +94,13 @@ def test_nothing_pubacked_is_lost_when_the_broker_is_killed(tmp_path: Path) -> N
         publisher.loop_start()
         for i in range(MESSAGES):
             payload = str(i).encode()
-            with lock:
-                info = publisher.publish("crash/n", payload, qos=1)
-                sent[info.mid] = payload
-        assert enough.wait(WAIT * 3), f"only {len(acked)} PUBACKs came"
+            info = publisher.publish("crash/n", payload, qos=1)
+            sent[info.mid] = payload  # MESSAGES < 65535: no mid is used twice
+        assert enough.wait(WAIT * 3), f"only {len(acked_mids)} PUBACKs came"
         broker.send_signal(signal.SIGKILL)
         broker.wait(timeout=WAIT)
         publisher.loop_stop()
-        with lock:
-            confirmed = set(acked)
+        confirmed = {sent[mid] for mid in list(acked_mids)}
         assert len(confirmed) >= KILL_AFTER
 
         broker = start(port, mqtt_port, tmp_path)
