@@ -44,8 +44,12 @@ def subscriber(url: str, filters: str, count: int, *extra: str) -> subprocess.Po
 
 
 def lines(proc: subprocess.Popen[str]) -> list[dict[str, object]]:
-    out, err = proc.communicate(timeout=WAIT * 3)
-    assert proc.returncode == 0, err
+    """Its JSON lines, once it exits. Read through the same file object as SUBSCRIBED was:
+    ``communicate`` would read the pipe underneath and lose what readline had buffered."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out = proc.stdout.read()  # until it exits (mqtt_sub.js bounds itself with --timeout)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=WAIT) == 0, err
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 

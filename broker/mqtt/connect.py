@@ -74,7 +74,13 @@ async def accept_connect(conn: Conn) -> Accepted | None:
                 packet = decoder.next_packet()
             except MqttError as exc:
                 conn.mqtt.counters.packets_malformed += 1
-                await _refuse(conn, decoder.protocol_level or 4, exc.reason_code, exc.text)
+                level = decoder.protocol_level
+                if level == 5 or exc.reason_code == R.UNSUPPORTED_PROTOCOL_VERSION:
+                    await _refuse(conn, level or 4, exc.reason_code, exc.text)
+                else:  # 3.1.1: no CONNACK for a CONNECT that does not conform, just close
+                    conn.mqtt.counters.connect_refused += 1
+                    conn.broker.counters.errors[f"MQTT_{exc.reason_code:#04x}"] += 1
+                    log.info("connect refused", peer=conn.peer, reason=hex(exc.reason_code))
                 return None
             if packet is None:
                 try:

@@ -20,6 +20,9 @@ Deliveries of shared subscriptions (``$share/G/F``: a core ``Group``, this conne
 of its members) do not pass through the session's queue: the group hands each member at
 most its prefetch window, so they wait in ``shared`` (never dropped) and go out first;
 their PUBACK acknowledges the one message to the group.
+
+A QoS 2 delivery the client has PUBREC'd is not sent again: a reconnect resends our PUBREL
+for it instead (MQTT-4.4.0-1), and a redelivery from the store skips it.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ import trio
 from broker.core import Member, Message, Session
 from broker.core.extra import apply_extra
 from broker.mqtt.closing import Closing
+from broker.mqtt.codec import encode
 from broker.mqtt.connect import Accepted
 from broker.mqtt.holder import Conn
+from broker.mqtt.packets import PubRel
 from broker.mqtt.publish import append_publish, delivery_properties
 from broker.mqtt.subscriptions import Options
 
@@ -82,6 +87,11 @@ class Outbound:
         # a durable session's acks, written to the store in order by one task at a time
         self._acking = False
         self._ack_wanted = 0
+        # PUBRELs left unanswered by the last connection go first, with their packet ids;
+        # the deliveries they release are not sent again
+        self._released = set(self.state.pubrel_due.values())
+        for pid in self.state.pubrel_due:
+            self.session.send_control(encode(PubRel(pid), self.level))
 
     # -- the writer ----------------------------------------------------------------------
 
@@ -292,6 +302,8 @@ class Outbound:
     ) -> int:
         """Encode one delivery (``Session.take_batch``'s ``append_msg``); its size, 0 when it
         is not sent (expired, No Local, too large)."""
+        if seq in self._released and self.session.durable:
+            return 0  # PUBREC'd: it is PUBREL's turn, not the PUBLISH's
         if message.expires_at and self._now >= message.expires_at:
             self.conn.mqtt.counters.expired += 1
             return 0
