@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +24,6 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from broker.config import BrokerConfig
-from broker.mqtt.codec import Decoder, encode
 from broker.server import Server, run_broker
 
 WAIT = 10.0  # seconds any one expected event may take on a loaded machine
@@ -206,30 +204,3 @@ def receive_from_any(clients: list[Paho], count: int) -> list[list[paho.MQTTMess
             with contextlib.suppress(queue.Empty):
                 mine.append(client.messages.get(timeout=0.02))  # a bounded wait on a queue
     return got
-
-
-class Raw:
-    """An MQTT client on a plain socket with topiary's own codec, for what paho hides (topic
-    aliases it would not resolve, exact reason codes, DUP flags)."""
-
-    def __init__(self, port: int, level: int = 5) -> None:
-        self.level = level
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
-        self.decoder = Decoder(server=False, protocol_level=level)
-
-    def send(self, packet: Any) -> None:
-        self.sock.sendall(encode(packet, self.level))
-
-    def receive(self) -> Any:
-        """The next packet from the broker (None at EOF)."""
-        while True:
-            packet = self.decoder.next_packet()
-            if packet is not None:
-                return packet
-            data = self.sock.recv(65536)
-            if not data:
-                return None
-            self.decoder.receive_data(data)
-
-    def close(self) -> None:
-        self.sock.close()

@@ -17,7 +17,9 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from broker.client import connect as native_connect
 from broker.mqtt.codec import encode
 from broker.mqtt.packets import Connect, SubAck, Subscribe, Subscription, Will
-from tests.mqttkit import Paho, Raw, Running, broker_in_thread, nothing_more, receive_from_any
+from broker.mqtt.packets import Properties as Properties5
+from tests.mqttkit import Paho, Running, broker_in_thread, nothing_more, receive_from_any
+from tests.mqttraw import Raw
 
 VERSIONS = [4, 5]
 
@@ -356,17 +358,14 @@ def test_topics_sent_again_go_as_topic_aliases_up_to_the_clients_maximum(
     broker: Running,
 ) -> None:
     client = Raw(broker.mqtt_port)
-    connect = Connect("aliased", protocol_level=5)
-    connect.properties.topic_alias_maximum = 1
-    client.send(connect)
-    assert client.receive().reason_code == 0
+    assert client.connect("aliased", properties=Properties5(topic_alias_maximum=1)).reason_code == 0
     client.send(Subscribe(1, [Subscription("al/#", qos=0)]))
-    assert isinstance(client.receive(), SubAck)
+    assert isinstance(client.expect(), SubAck)
     pub = Paho(broker.mqtt_port, "pub")
     pub.connect()
     for topic in ("al/x", "al/x", "al/y", "al/x"):
         pub.publish(topic, topic.encode(), qos=1)
-    got = [client.receive() for _ in range(4)]
+    got = [client.expect() for _ in range(4)]
     assert [(p.topic, p.properties.topic_alias, p.payload) for p in got] == [
         ("al/x", 1, b"al/x"),  # defines alias 1
         ("", 1, b"al/x"),  # uses it

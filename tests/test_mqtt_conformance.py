@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from broker.mqtt.packets import (
+    Properties,
     PubAck,
     PubComp,
     Publish,
@@ -24,6 +25,7 @@ from broker.mqtt.packets import (
     SubAck,
     Subscribe,
     Subscription,
+    Will,
 )
 from tests.mqttkit import Paho, Running, broker_in_thread, nothing_more
 from tests.mqttraw import Raw
@@ -762,3 +764,16 @@ def test_v5_no_more_than_the_clients_receive_maximum_are_in_flight(broker: Runni
         third = sub.expect()
         assert [p.topic for p in [*first, third]] == ["rm/0", "rm/1", "rm/2"]  # type: ignore[union-attr]
         pub.disconnect()
+
+
+def test_v5_a_delayed_will_is_sent_when_a_clean_start_ends_the_session(broker: Running) -> None:
+    watcher = Paho(broker.mqtt_port, "watcher")
+    watcher.connect()
+    watcher.subscribe("wd/#", qos=1)
+    will = Will("wd/ended", b"bye", qos=1, properties=Properties(will_delay_interval=30))
+    with Raw(broker.mqtt_port, 5) as old:
+        old.connect("ended", will=will, properties=Properties(session_expiry_interval=60))
+    with Raw(broker.mqtt_port, 5) as new:
+        new.connect("ended", clean_start=True)  # the session ends: its will goes now
+        assert watcher.receive().topic == "wd/ended"
+    watcher.disconnect()

@@ -158,7 +158,7 @@ async def _open(conn: Conn, connect: Connect) -> Accepted:
                 await trio.sleep(0.01)  # bounded: until the old connection has let go
         if frontend.live.get(client_id) is previous:
             raise _Refused(R.SERVER_BUSY, "the client id's connection did not let go")
-    frontend.came_back(client_id)
+    frontend.came_back(client_id, resumed=not connect.clean_start)
     frontend.live[client_id] = conn
     try:
         session, present = await _session(conn, client_id, connect.clean_start, expiry)

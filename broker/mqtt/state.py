@@ -40,6 +40,7 @@ class ClientState:
     shares: dict[str, Options] = field(default_factory=dict)  # "G/F" -> options (durable)
     expiry: float = 0.0  # seconds the session outlives its connection (NEVER: for ever)
     waiting: trio.CancelScope | None = None  # a delayed will or the expiry, while away
+    will: Message | None = None  # the will waiting out its delay, while away
 
 
 @dataclass(slots=True)
@@ -83,13 +84,17 @@ class MqttFrontEnd:
             state = self.clients[client_id] = ClientState()
         return state
 
-    def came_back(self, client_id: str) -> None:
-        """A connection took ``client_id``: a will waiting out its delay is not sent, and a
-        session waiting to expire does not."""
+    def came_back(self, client_id: str, resumed: bool = True) -> None:
+        """A connection took ``client_id``: a session waiting to expire does not, and a will
+        waiting out its delay is not sent if the session is ``resumed``; a clean start ends
+        the session, and so its will goes now (MQTT 5, 3.1.2.5)."""
         state = self.clients.get(client_id)
         if state is not None and state.waiting is not None:
             state.waiting.cancel()
             state.waiting = None
+            will, state.will = state.will, None
+            if will is not None and not resumed:
+                self.publish_will(will)
 
     def away(self, client_id: str, will: Message | None, will_delay: float, durable: bool) -> None:
         """The connection of ``client_id`` ended: publish its will (now or after its delay,
@@ -110,6 +115,7 @@ class MqttFrontEnd:
         assert state is not None
         scope = trio.CancelScope()
         state.waiting = scope
+        state.will = will
         self.spawn(self._wait_away, client_id, scope, will, min(will_delay, expiry), expiry)
 
     def spawn(self, fn: Any, *args: Any) -> None:
@@ -128,6 +134,9 @@ class MqttFrontEnd:
         with scope:
             if will is not None:
                 await trio.sleep(will_at)
+                state = self.clients.get(client_id)
+                if state is not None:
+                    state.will = None
                 self.publish_will(will)
             if expiry >= NEVER or math.isinf(expiry):
                 return
