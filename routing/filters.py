@@ -5,7 +5,7 @@ Native (Solace style): ``*`` as a whole level matches one level; ``abc*``
 ``abc`` included; ``>`` as the last level matches one or more levels.
 
 MQTT (opt-in): ``+`` is one level; ``#`` as the last level matches zero or
-more levels, so ``a/#`` matches ``a``. ``*`` and ``>`` are ordinary
+more levels, so ``a/#`` matches ``a``. As in MQTT, a level may be empty (``/#``, ``a//b``). ``*`` and ``>`` are ordinary
 characters there; since topics never contain them, a level holding them can
 never match.
 
@@ -219,10 +219,10 @@ def parse_filter(text: str, dialect: str = NATIVE) -> Filter:
         and "\x00" not in text
     ):  # the common shape, checked inline (a broker parses every SUB)
         levels = text.split(SEPARATOR)
-        if "" in levels:  # ASCII within 250 bytes also means <= 125 levels
+        if "" in levels and dialect == NATIVE:  # (ASCII within 250 bytes: <= 125 levels)
             levels = check_common(text, "filter")  # raises, naming the empty level
     else:
-        levels = check_common(text, "filter")
+        levels = check_common(text, "filter", empty_levels=dialect == MQTT)
     tokens, rest = parse(text, levels)
     return Filter(text, dialect, tokens, rest)
 

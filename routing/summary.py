@@ -94,10 +94,10 @@ def matches_nothing(flt: Filter) -> bool:
 
 # A node of the sample index is a plain dict, level -> child node, one object per node
 # (the cyclic GC scans every container, so fewer objects make subscribe storms cheaper).
-# Filters whose sample ends at a node sit under the key "", which no level can be: the
+# Filters whose sample ends at a node sit under the key NUL, which no level holds: the
 # Filter itself, or an ordered set (dict) of them when samples coincide (`a/*`, `a/x`).
 _Tree = dict[str, Any]
-_HERE: Final = ""
+_HERE: Final = "\x00"
 
 
 class _SampleIndex:
@@ -171,7 +171,7 @@ class _SampleIndex:
                 continue
             if token is STAR:  # at level 0 it hides `$` samples
                 for level, child in node.items():
-                    if level and not (i == 0 and level[0] == "$"):
+                    if level != _HERE and not (i == 0 and level[:1] == "$"):
                         stack.append((child, i + 1))
                 continue
             prefix = token.prefix  # type: ignore[union-attr]  # never "": that is STAR
@@ -194,10 +194,10 @@ def _collect(top: _Tree, min_depth: int, hide_system: bool, found: list[Filter])
     while stack:
         node, depth = stack.pop()
         for level, child in node.items():
-            if not level:
+            if level == _HERE:
                 if depth >= min_depth:
                     _found_here(child, found)
-            elif not (hide_system and depth == 0 and level[0] == "$"):
+            elif not (hide_system and depth == 0 and level[:1] == "$"):
                 stack.append((child, depth + 1))
 
 

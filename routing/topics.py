@@ -1,7 +1,10 @@
 """Topic syntax: what a publisher may name.
 
 A topic is UTF-8, 1..250 bytes, at most 128 levels separated by ``/``, with
-no empty level, no NUL and no ``*`` or ``>`` anywhere. A topic whose first
+no empty level, no NUL and no ``*`` or ``>`` anywhere. MQTT allows empty levels
+(``/TopicA``, ``a//b``), and its clients use them, so a topic published over MQTT may have
+them (``validate_topic(..., empty_levels=True)``) and matching accepts them: one namespace
+for every front end, in which a native PUB still may not name such a topic. A topic whose first
 level starts with ``$`` is a system topic, which wildcard-first filters do
 not match unless the wildcard is a ``$`` prefix (``$*``, ``$SYS*``).
 ``split_topic`` is on the hot path of every match, so it checks with C-level
@@ -31,7 +34,7 @@ def _error(what: str, text: str, problem: str) -> TopicError:
     return TopicError(f"{what} {shown!r} {problem}")
 
 
-def check_common(text: object, what: str) -> list[str]:
+def check_common(text: object, what: str, empty_levels: bool = False) -> list[str]:
     """Checks shared by topics and filters; returns the levels."""
     if not isinstance(text, str):
         raise TopicError(f"{what} must be a str, not {type(text).__name__}")
@@ -45,13 +48,13 @@ def check_common(text: object, what: str) -> list[str]:
     levels = text.split(SEPARATOR)
     if len(levels) > MAX_LEVELS:
         raise _error(what, text, f"has {len(levels)} levels; the limit is {MAX_LEVELS}")
-    if "" in levels:
+    if not empty_levels and "" in levels:
         raise _error(what, text, f"has an empty level at level {levels.index('') + 1}")
     return levels
 
 
 def split_topic(topic: object) -> list[str]:
-    """Validate ``topic`` and return its levels."""
+    """Validate ``topic`` (as matching sees it: empty levels allowed) and return its levels."""
     if (
         topic.__class__ is str
         and topic.isascii()  # type: ignore[attr-defined]
@@ -60,15 +63,13 @@ def split_topic(topic: object) -> list[str]:
         and "*" not in topic  # type: ignore[operator]
         and ">" not in topic  # type: ignore[operator]
     ):
-        levels = topic.split(SEPARATOR)  # type: ignore[attr-defined]
-        if "" not in levels:  # ASCII within 250 bytes also means <= 125 levels
-            return levels
-    return _split_topic_checked(topic)
+        return topic.split(SEPARATOR)  # type: ignore[attr-defined]  (<= 125 levels)
+    return _split_topic_checked(topic, empty_levels=True)
 
 
-def _split_topic_checked(topic: object) -> list[str]:
+def _split_topic_checked(topic: object, empty_levels: bool = False) -> list[str]:
     """The slow path: every check, with a message naming the first problem."""
-    levels = check_common(topic, "topic")
+    levels = check_common(topic, "topic", empty_levels)
     assert isinstance(topic, str)
     for ch in "*>":
         if ch in topic:
@@ -81,8 +82,9 @@ def _split_topic_checked(topic: object) -> list[str]:
     return levels
 
 
-def validate_topic(topic: str) -> None:
-    """Raise TopicError unless ``topic`` is a valid topic name.
+def validate_topic(topic: str, *, empty_levels: bool = False) -> None:
+    """Raise TopicError unless ``topic`` is a valid topic name (``empty_levels``: as MQTT
+    allows them).
 
     The broker validates every PUB; the common shape is checked with C-level string
     methods and no split (no empty level means no ``//`` and no ``/`` at either end).
@@ -94,12 +96,13 @@ def validate_topic(topic: str) -> None:
         and "\x00" not in topic
         and "*" not in topic
         and ">" not in topic
-        and "//" not in topic
-        and topic[0] != SEPARATOR
-        and topic[-1] != SEPARATOR
+        and (
+            empty_levels
+            or ("//" not in topic and topic[0] != SEPARATOR and topic[-1] != SEPARATOR)
+        )
     ):  # ASCII within 250 bytes also means <= 125 levels
         return
-    _split_topic_checked(topic)
+    _split_topic_checked(topic, empty_levels)
 
 
 def is_system_topic(topic: str) -> bool:

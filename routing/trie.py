@@ -265,7 +265,7 @@ class MatchTrie:
         A subscriber may appear more than once; the caller deduplicates.
         """
         first = levels[0]
-        if first[0] == "$":
+        if first[:1] == "$":
             # System topic: only a literal first level or a `$` prefix (`$*`, `$SYS*`) may
             # match it; a non-empty prefix that fits `first` starts with `$`.
             root = self._root

@@ -13,7 +13,7 @@ from tests.reference import ref_matches
 VALID_NATIVE = ["a", "a/b", "*", ">", "a/*", "a/>", "*/b/>", "abc*", "a/abc*/c", "a/+/#", "$SYS/>"]
 INVALID_NATIVE = ["a*b", "*a", "**", "a/>/b", ">/a", "a>", ">a", "a/b>", "a//b", "", "/a", "a\x00"]
 VALID_MQTT = ["a", "+", "#", "a/+", "a/#", "+/b/#", "a/*", "a/>", "a*b", "$SYS/#"]
-INVALID_MQTT = ["a+", "+a", "a#", "#/a", "a/#/b", "a/b#", "a//b", ""]
+INVALID_MQTT = ["a+", "+a", "a#", "#/a", "a/#/b", "a/b#", ""]
 
 
 @pytest.mark.parametrize("text", VALID_NATIVE)
@@ -149,7 +149,21 @@ def test_excludes_system_follows_the_dollar_rule(text: str, dialect: str, hides:
 
 def test_matching_an_invalid_topic_raises() -> None:
     with pytest.raises(TopicError):
-        parse_filter("a/>").matches("a//b")
+        parse_filter("a/>").matches("a/*")
+
+
+@pytest.mark.parametrize(
+    ("text", "topic"), [("/#", "/TopicA"), ("/+", "/TopicA"), ("a//b", "a//b"), ("+/+", "/")]
+)
+def test_mqtt_filters_and_topics_may_have_empty_levels_as_mqtt_allows(
+    text: str, topic: str
+) -> None:
+    assert parse_filter(text, "mqtt").matches(topic)
+
+
+def test_native_filters_may_not_have_empty_levels() -> None:
+    with pytest.raises(TopicError, match="empty level"):
+        parse_filter("a//b")
 
 
 def test_only_parse_filter_returns_filters() -> None:

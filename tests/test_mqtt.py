@@ -391,3 +391,28 @@ def test_a_resumed_session_is_still_in_its_shared_subscription(tmp_path) -> None
         assert [back.receive().payload for _ in range(2)] == [b"while away", b"back"]
         back.disconnect()
         pub.disconnect()
+
+
+def test_topics_with_empty_levels_work_as_mqtt_allows_and_reach_native_subscribers(
+    broker: Running,
+) -> None:
+    sub = Paho(broker.mqtt_port, "sub")
+    sub.connect()
+    sub.subscribe([("/#", 1), ("a//b", 1)])
+    received: list[str] = []
+
+    async def native() -> None:
+        async with native_connect(broker.native) as client:
+            async with client.subscribe(">") as everything:
+                pub = Paho(broker.mqtt_port, "pub")
+                await trio.to_thread.run_sync(pub.connect)
+                for topic in ("/TopicA", "a//b"):
+                    await trio.to_thread.run_sync(pub.publish, topic, b"x", 1)
+                for _ in range(2):
+                    received.append((await everything.get()).topic)
+                await trio.to_thread.run_sync(pub.disconnect)
+
+    trio.run(native)
+    assert received == ["/TopicA", "a//b"]
+    assert sorted(sub.receive().topic for _ in range(2)) == ["/TopicA", "a//b"]
+    sub.disconnect()

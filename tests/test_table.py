@@ -78,7 +78,7 @@ def test_match_returns_each_subscriber_once(table: SubscriptionTable) -> None:
 
 def test_match_of_an_invalid_topic_raises(table: SubscriptionTable) -> None:
     table.add(">", "s1")
-    for topic in ["", "a//b", "a/*", "a/>", None, ["a"]]:
+    for topic in ["", "a/*", "a/>", "a\x00", None, ["a"]]:
         with pytest.raises(TopicError):
             table.match(topic)  # type: ignore[arg-type]
 

@@ -230,7 +230,7 @@ def _will_message(conn: Conn, connect: Connect) -> Message:
     will = connect.will
     assert will is not None
     try:
-        routing.validate_topic(will.topic)
+        routing.validate_topic(will.topic, empty_levels=True)
     except routing.TopicError as exc:
         raise _Refused(R.TOPIC_NAME_INVALID, f"will topic: {exc}") from exc
     props = will.properties

@@ -161,7 +161,7 @@ class Requests:
                     return Closing(R.PROTOCOL_ERROR, f"topic alias {alias} was never set")
                 topic = found
         try:
-            routing.validate_topic(topic)
+            routing.validate_topic(topic, empty_levels=True)
         except routing.TopicError as exc:
             return Closing(R.TOPIC_NAME_INVALID, f"PUBLISH: {exc}")
         qos = p.qos

@@ -200,11 +200,15 @@ def check_msg_id(
         fail(frame, name, f"must be at most {MAX_MSG_ID_BYTES} bytes of UTF-8", ref)
 
 
-def check_topic(frame: Checked, name: str, ref: int | None = None) -> None:
-    """A topic (DESIGN.md); a bad one is INVALID_TOPIC, refusing the request, not the stream."""
+def check_topic(
+    frame: Checked, name: str, ref: int | None = None, *, empty_levels: bool = False
+) -> None:
+    """A topic (DESIGN.md); a bad one is INVALID_TOPIC, refusing the request, not the stream.
+    ``empty_levels``: a topic the broker delivers or forwards, which may have been published
+    over MQTT, where levels may be empty (``/TopicA``); a native PUB may not name one."""
     check_str(frame, name, ref)
     try:
-        routing.validate_topic(getattr(frame, name))
+        routing.validate_topic(getattr(frame, name), empty_levels=empty_levels)
     except routing.TopicError as exc:
         raise LocalProtocolError(ErrorCode.INVALID_TOPIC, str(exc), ref=ref) from None
 

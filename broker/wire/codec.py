@@ -389,7 +389,7 @@ def fast_fwd(wire: dict[str, Any]) -> Fwd:
         )
     ):
         try:
-            routing.validate_topic(topic)
+            routing.validate_topic(topic, empty_levels=True)  # (it may come from MQTT)
         except routing.TopicError as exc:
             raise RemoteProtocolError(ErrorCode.INVALID_TOPIC, str(exc)) from None
         frame = _new_frame(Fwd)

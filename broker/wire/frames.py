@@ -332,7 +332,7 @@ class Msg(Frame):
         check_uint(self, "seq")
         check_uint(self, "discarded")
         check_bool(self, "retained")
-        check_topic(self, "topic")
+        check_topic(self, "topic", empty_levels=True)
         check_payload(self, "payload")
         check_headers(self, "headers")
         check_msg_id(self, "msg_id")
@@ -701,7 +701,7 @@ class Fwd(Frame):
         check_broker_ids(self, "dests", required=True)
         check_uint(self, "hops")
         check_broker_id(self, "source")
-        check_topic(self, "topic")
+        check_topic(self, "topic", empty_levels=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
