@@ -13,15 +13,16 @@ from broker.client import connect as native_connect
 from tests.mqttkit import WAIT, Paho, broker_in_thread
 
 
-async def linked(address: tuple[str, int], peer: str) -> None:
-    """Wait (bounded) until the broker at ``address`` has a link to ``peer``, then until
-    every broker it reaches has acknowledged its routes (a SUB with ``sync``)."""
+async def knows(address: tuple[str, int], origin: str, flt: str) -> None:
+    """Wait (bounded) until the broker at ``address`` routes ``flt`` towards ``origin``."""
     async with native_connect(address) as client:
         with trio.fail_after(WAIT):
-            while peer not in (await client.routes())["links"]:
-                await trio.sleep(0.02)  # a bounded poll: the link is dialled by another task
-        async with client.subscribe("barrier/>", sync=True):
-            pass
+            while True:
+                origins = (await client.routes())["origins"]
+                entry = origins.get(origin, {})
+                if entry.get("reachable") and [flt, "mqtt"] in entry.get("filters", []):
+                    return
+                await trio.sleep(0.02)  # a bounded poll: routes flood from another broker
 
 
 def test_an_mqtt_subscription_on_one_broker_draws_messages_from_its_peer() -> None:
@@ -33,7 +34,7 @@ def test_an_mqtt_subscription_on_one_broker_draws_messages_from_its_peer() -> No
             far.subscribe("site/+/temp", qos=1)
 
             async def publish_on_a() -> None:
-                await linked(b.native, "a")  # b's routes, the MQTT one included, are at a
+                await knows(a.native, "b", "site/+/temp")  # b's MQTT route is at a
                 async with native_connect(a.native) as client:
                     await client.publish("site/1/humidity", b"60", confirm=True)
                     await client.publish("site/1/temp", b"21", confirm=True)
@@ -52,9 +53,8 @@ def test_an_mqtt_publish_on_one_broker_reaches_a_native_subscriber_on_its_peer()
 
             async def subscribe_on_a() -> None:
                 async with native_connect(a.native) as client:
-                    async with client.subscribe("site/*/temp", sync=True) as sub:
-                        await linked(b.native, "a")
-                        await linked(a.native, "b")  # a's route is at b
+                    async with client.subscribe("site/+/temp", "mqtt") as sub:
+                        await knows(b.native, "a", "site/+/temp")  # a's route is at b
                         publisher = Paho(b.mqtt_port, "near")
                         await trio.to_thread.run_sync(publisher.connect)
                         await trio.to_thread.run_sync(publisher.publish, "site/2/temp", b"19", 1)
