@@ -47,7 +47,10 @@ seconds (/proc).
 Ratios: topiary / each peer, for completion msg/s (> 1: topiary faster) and for the p99
 (< 1: topiary quicker). Goals (issue 18, for topiary; for information, they do not set the
 exit status): completion >= 1.0x NATS at S = 1,000 and 10,000; p99 at 2,000 msg/s <=
-Mosquitto's in the same run; every delivery exact.
+Mosquitto's in the same run; every delivery exact. ``--brokers`` may also name
+``topiary-mqtt`` (topiary's MQTT port, with Mosquitto's MQTT client; its row's ratios are
+topiary / topiary-mqtt); bench/mqtt_sidebyside.py is the same run with the ratios and
+goals of topiary-mqtt against Mosquitto (issue 17).
 
 ``--quick``: 4,000 messages and a 0.5 s latency phase (a smoke test). Every wait is
 bounded: a broker that fails or a worker that hangs gives an error row, not a hang. The
@@ -430,11 +433,13 @@ def table_lines(report: dict[str, Any]) -> list[str]:
             if ratio and not ratio.get("completion_comparable") and ratio.get("completion"):
                 completion += "*"
             p99_ratio = fmt(ratio.get("p99"), ".2f") + ("x" if ratio.get("p99") else "")
+            # a phase cut short by its time bound: it took longer, its rate is lower
+            longer, lower = ("", "") if a["complete"] else (">", "<")
             lines.append(
                 f"{label} {fmt(a['published_per_second'], ',.0f'):>11} "
                 f"{fmt(a['delivered_per_second'], ',.0f'):>11} "
-                f"{fmt(a['completion_seconds'], '.3f'):>10} "
-                f"{fmt(a['completion_per_second'], ',.0f'):>9} "
+                f"{longer + fmt(a['completion_seconds'], '.3f'):>10} "
+                f"{lower + fmt(a['completion_per_second'], ',.0f'):>9} "
                 f"{completion if kind != ours else '':>8} "
                 f"{a['broker_cpu_seconds']:>5.2f} "
                 f"{fmt(a['deliveries_per_message'], '.2f'):>9} "
@@ -674,8 +679,10 @@ def main(argv: list[str] | None = None, comparison: Comparison = ISSUE_18) -> in
     print(
         f"throughput: {params['messages']:,} messages of {PAYLOAD_SIZES[0]}-{PAYLOAD_SIZES[1]} B "
         "as fast as the publisher writes; complete s = first publish -> last delivery; msg/s "
-        f"= messages / complete s; top/peer = {ours}'s msg/s / the row's (* = a side dropped: "
-        f"not comparable); CPU s = the broker's CPU seconds in the throughput phase (/proc: "
+        f"= messages / complete s (>/<: the phase hit its time bound before every "
+        f"subscriber had the marker); top/peer = {ours}'s msg/s / the row's (* = a side "
+        "dropped or did not finish: not comparable); CPU s = the broker's CPU seconds in the "
+        "throughput phase (/proc: "
         f"less sensitive to the machine's load than the rates); latency: "
         f"{params['latency_rate']:,} msg/s for "
         f"{params['latency_seconds']:g} s; p99 t/p = {ours}'s p99 / the row's; exact = "
