@@ -227,7 +227,7 @@ def start(kind: str, log_dir: Path, label: str) -> RunningBroker:
         )
     path = program(kind)
     if path is None:
-        raise BenchError(f"{kind} is not installed ({INSTALL_HINT})")
+        raise BenchError(f"{kind} is not installed ({install_hint(kind)})")
     config_dir = Path(tempfile.mkdtemp(prefix=f"topiary-bench-{kind}-"))
     port = free_port()
     if kind == "mosquitto":
