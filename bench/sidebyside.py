@@ -47,10 +47,16 @@ seconds (/proc).
 Ratios: topiary / each peer, for completion msg/s (> 1: topiary faster) and for the p99
 (< 1: topiary quicker). Goals (issue 18, for topiary; for information, they do not set the
 exit status): completion >= 1.0x NATS at S = 1,000 and 10,000; p99 at 2,000 msg/s <=
-Mosquitto's in the same run; every delivery exact.
+Mosquitto's in the same run; every delivery exact. ``--brokers`` may also name
+``topiary-mqtt`` (topiary's MQTT port, with Mosquitto's MQTT client; its row's ratios are
+topiary / topiary-mqtt); bench/mqtt_sidebyside.py is the same run with the ratios and
+goals of topiary-mqtt against Mosquitto (issue 17).
 
 ``--quick``: 4,000 messages and a 0.5 s latency phase (a smoke test). Every wait is
-bounded: a broker that fails or a worker that hangs gives an error row, not a hang. The
+bounded: a broker that fails or a worker that hangs gives an error row, not a hang; a
+throughput phase whose marker has not reached every subscriber within 60 s + 1 s per
+10,000 messages is cut short, its row marked (``>`` complete s, ``<`` msg/s), and the
+latency phase is skipped (an error: the broker would still be delivering). The
 exit status is 0 unless a run failed to complete. Everything shares the machine: on 2
 cores the Python clients compete with the broker for CPU, the same for every broker.
 """
@@ -65,6 +71,8 @@ import sys
 import tempfile
 import time
 from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +180,8 @@ class Run:
         self.broker = broker
 
     def phase(self, name: str, command: tuple, timeout: float, latency: bool) -> dict[str, Any]:
-        before = _topiary_stats(self.broker.port) if self.broker.kind == "topiary" else None
+        stats_port = self.broker.stats_port  # topiary's native port, whatever the front end
+        before = _topiary_stats(stats_port) if stats_port else None
         cpu_before = cpu_seconds(self.broker.pid)
         for worker in self.subs:
             worker.send(("count", name, timeout, latency))
@@ -189,7 +198,7 @@ class Run:
         self.pub.send(("enough",))
         markers = self.pub.expect("stopped", 30)[1]["markers"]
         broker_cpu = cpu_seconds(self.broker.pid) - cpu_before
-        after = _topiary_stats(self.broker.port) if self.broker.kind == "topiary" else None
+        after = _topiary_stats(stats_port) if stats_port else None
         published.pop("late_batches", None)
         published.pop("long_writes", None)
         return {
@@ -307,6 +316,11 @@ def run_one(
         timeout = params["drain_timeout"] + messages / 10_000
         raw = run.phase("a", ("flood", "a", 0, messages), timeout, latency=False)
         result["throughput"] = _throughput(raw, expectation)
+        if not result["throughput"]["complete"]:  # the broker is still working through it
+            raise BenchError(
+                f"the throughput phase did not finish within {timeout:g} s; latency phase "
+                "skipped (it would measure the backlog)"
+            )
 
         rate, seconds = params["latency_rate"], params["latency_seconds"]
         count = round(rate * seconds)
@@ -364,12 +378,14 @@ def _comparable(result: dict[str, Any]) -> bool:
     return bool(tput and tput["exactness"]["exact"])
 
 
-def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """topiary / each peer: completion msg/s and p99; None where one side is missing."""
-    ours = results.get("topiary", {})
+def ratios(results: dict[str, dict[str, Any]], ours: str = "topiary") -> dict[str, dict[str, Any]]:
+    """``ours`` (topiary or topiary-mqtt) / each other broker: completion msg/s and p99; None
+    where one side is missing."""
+    reference = ours
+    ours = results.get(reference, {})
     out = {}
     for kind, theirs in results.items():
-        if kind == "topiary" or not theirs.get("installed"):
+        if kind == reference or not theirs.get("installed"):
             continue
         mine = (ours.get("throughput") or {}).get("completion_per_second")
         other = (theirs.get("throughput") or {}).get("completion_per_second")
@@ -392,8 +408,12 @@ def _exact_cell(exact: dict[str, Any] | None) -> str:
 
 
 def table_lines(report: dict[str, Any]) -> list[str]:
+    """The table: a row per size and broker, the ratios (``parameters.ours`` / the row's
+    broker) on the other brokers' rows, then a line per broker not installed."""
+    ours = report["parameters"].get("ours", "topiary")
+    missing: dict[str, None] = {}
     head = (
-        f"{'S':>6} {'broker':<10} {'published/s':>11} {'delivered/s':>11} {'complete s':>10} "
+        f"{'S':>6} {'broker':<12} {'published/s':>11} {'delivered/s':>11} {'complete s':>10} "
         f"{'msg/s':>9} {'top/peer':>8} {'CPU s':>5} {'deliv/msg':>9} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'max ms':>7} {'p99 t/p':>7} {'exact tput':>12} {'exact lat':>10} {'RSS MB':>7} "
         f"{'load':>5}"
@@ -403,9 +423,10 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         size = int(size_key)
         rel = report["ratios"].get(size_key, {})
         for kind, r in by_kind.items():
-            label = f"{size:>6,} {kind:<10}"
+            label = f"{size:>6,} {kind:<12}"
             if not r["installed"]:
-                lines.append(f"{label} not installed ({peers.INSTALL_HINT})")
+                lines.append(f"{label} not installed ({peers.install_hint(kind)})")
+                missing[kind] = None
                 continue
             if "throughput" not in r:
                 lines.append(f"{label} failed: {brief(r.get('error', '?'), 100)}")
@@ -420,21 +441,24 @@ def table_lines(report: dict[str, Any]) -> list[str]:
             if ratio and not ratio.get("completion_comparable") and ratio.get("completion"):
                 completion += "*"
             p99_ratio = fmt(ratio.get("p99"), ".2f") + ("x" if ratio.get("p99") else "")
+            # a phase cut short by its time bound: it took longer, its rate is lower
+            longer, lower = ("", "") if a["complete"] else (">", "<")
             lines.append(
                 f"{label} {fmt(a['published_per_second'], ',.0f'):>11} "
                 f"{fmt(a['delivered_per_second'], ',.0f'):>11} "
-                f"{fmt(a['completion_seconds'], '.3f'):>10} "
-                f"{fmt(a['completion_per_second'], ',.0f'):>9} "
-                f"{completion if kind != 'topiary' else '':>8} "
+                f"{longer + fmt(a['completion_seconds'], '.3f'):>10} "
+                f"{lower + fmt(a['completion_per_second'], ',.0f'):>9} "
+                f"{completion if kind != ours else '':>8} "
                 f"{a['broker_cpu_seconds']:>5.2f} "
                 f"{fmt(a['deliveries_per_message'], '.2f'):>9} "
                 f"{fmt(lat.get('p50'), '.2f'):>7} {fmt(lat.get('p99'), '.2f'):>7} "
                 f"{fmt(lat.get('max'), '.2f'):>7} "
-                f"{p99_ratio if kind != 'topiary' else '':>7} "
+                f"{p99_ratio if kind != ours else '':>7} "
                 f"{_exact_cell(a['exactness']):>12} {_exact_cell(b.get('exactness')):>10} "
                 f"{fmt(r.get('broker_peak_rss_mb'), '.1f'):>7} "
                 f"{r['load_average_start'][0]:>5.2f}"
             )
+    lines.extend(f"{kind}: not installed ({peers.install_hint(kind)})" for kind in missing)
     return lines
 
 
@@ -463,20 +487,26 @@ def check_goals(report: dict[str, Any]) -> Goals:
             value,
             None if value is None or params["quick"] else value <= 1.0,
         )
+    add_exact_goal(goals, report, "topiary")
+    return goals
+
+
+def add_exact_goal(goals: Goals, report: dict[str, Any], kind: str) -> None:
+    """The last goal: every delivery of ``kind`` exact; a quick run's other goals get a note
+    that its counts are too small to judge."""
     exact = [
         r[phase]["exactness"]["exact"]
         for by_kind in report["sizes"].values()
-        for kind, r in by_kind.items()
-        if kind == "topiary"
+        for name, r in by_kind.items()
+        if name == kind
         for phase in ("throughput", "latency")
         if phase in r
     ]
     value = all(exact) if exact else None
-    goals.add("every topiary delivery exact (both phases, every S)", value, value)
-    if params["quick"]:
+    goals.add(f"every {kind} delivery exact (both phases, every S)", value, value)
+    if report["parameters"]["quick"]:
         for goal in goals[:-1]:
             goal["note"] = "quick run: counts too small to judge"
-    return goals
 
 
 def notes(report: dict[str, Any]) -> list[str]:
@@ -485,7 +515,7 @@ def notes(report: dict[str, Any]) -> list[str]:
         for kind, r in by_kind.items():
             tag = f"S = {int(size_key):,} {kind}"
             if not r["installed"]:
-                out.append(f"{tag}: not installed ({peers.INSTALL_HINT}); skipped")
+                out.append(f"{tag}: not installed ({peers.install_hint(kind)}); skipped")
                 continue
             if "error" in r:
                 out.append(f"{tag}: FAILED: {brief(r['error'])}")
@@ -525,13 +555,30 @@ def notes(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = arg_parser(__doc__, quick="4,000 messages, a 0.5 s latency phase (a smoke test)")
+@dataclass(frozen=True)
+class Comparison:
+    """What a side-by-side run is for: its name, which broker the ratios are of (``ours``),
+    which brokers run unless ``--brokers`` says otherwise, and its goals."""
+
+    benchmark: str
+    doc: str
+    ours: str
+    default_kinds: tuple[str, ...]
+    goals: Callable[[dict[str, Any]], Goals]
+
+
+ISSUE_18 = Comparison("sidebyside", __doc__ or "", "topiary", peers.KINDS, check_goals)
+
+
+def parse_args(argv: list[str] | None, comparison: Comparison = ISSUE_18) -> argparse.Namespace:
+    parser = arg_parser(
+        comparison.doc, quick="4,000 messages, a 0.5 s latency phase (a smoke test)"
+    )
     parser.add_argument(
         "--brokers",
-        default=",".join(peers.KINDS),
-        help="comma-separated broker kinds (default: %(default)s; missing ones are reported "
-        "as not installed)",
+        default=",".join(comparison.default_kinds),
+        help=f"comma-separated broker kinds, of {', '.join(peers.ALL_KINDS)} (default: "
+        "%(default)s; missing ones are reported as not installed)",
     )
     parser.add_argument("--sizes", help="comma-separated filter counts S (default: 1000,10000)")
     parser.add_argument("--messages", type=int, help="messages in the throughput phase")
@@ -539,10 +586,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-dir", help="keep the brokers' logs here (default: removed)")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.brokers.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(peers.KINDS))
+    unknown = sorted(set(kinds) - set(peers.ALL_KINDS))
     if unknown or not kinds:
-        parser.error(f"unknown brokers {unknown}; known: {', '.join(peers.KINDS)}")
-    args.kinds = [k for k in peers.KINDS if k in kinds]
+        parser.error(f"unknown brokers {unknown}; known: {', '.join(peers.ALL_KINDS)}")
+    args.kinds = [k for k in peers.ALL_KINDS if k in kinds]
     if args.sizes is not None:
         try:
             args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -561,8 +608,9 @@ def _goal_value(value: Any) -> str:
     return f"{value:,.3f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, comparison: Comparison = ISSUE_18) -> int:
+    args = parse_args(argv, comparison)
+    ours = comparison.ours
     params = dict(QUICK if args.quick else FULL)
     if args.sizes is not None:
         params["sizes"] = args.sizes
@@ -570,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         params["messages"] = args.messages
     ctx = multiprocessing.get_context("spawn")
     report: dict[str, Any] = {
-        "benchmark": "sidebyside",
+        "benchmark": comparison.benchmark,
         "machine": common_machine_info(
             trio=trio.__version__, **{k: peers.version(k) for k in args.kinds}
         ),
@@ -579,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
             "quick": args.quick,
             "seed": args.seed,
             "brokers": args.kinds,
+            "ours": ours,
             "payload_sizes": list(PAYLOAD_SIZES),
         },
         "load_average_start": os.getloadavg(),
@@ -588,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     started = time.monotonic()
     print(
-        f"sidebyside: {report['machine']['cpu_count']} CPUs, Python "
+        f"{comparison.benchmark}: {report['machine']['cpu_count']} CPUs, Python "
         f"{report['machine']['python']}, load average "
         f"{' '.join(f'{x:.2f}' for x in report['load_average_start'])}"
         f"{' (quick)' if args.quick else ''}",
@@ -596,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     latency_count = round(params["latency_rate"] * params["latency_seconds"])
     topics = publisher_topics(max(params["messages"], latency_count), args.seed)
-    temp_dir = None if args.log_dir else tempfile.mkdtemp(prefix="topiary-sidebyside-")
+    temp_dir = None if args.log_dir else tempfile.mkdtemp(prefix=f"topiary-{comparison.benchmark}-")
     log_dir = Path(args.log_dir or temp_dir)  # type: ignore[arg-type]
     log_dir.mkdir(parents=True, exist_ok=True)
     failed = False
@@ -619,10 +668,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
-    report["ratios"] = {size: ratios(by_kind) for size, by_kind in report["sizes"].items()}
+    report["ratios"] = {size: ratios(by_kind, ours) for size, by_kind in report["sizes"].items()}
     report["load_average_end"] = os.getloadavg()
     report["elapsed_seconds"] = time.monotonic() - started
-    report["goals"] = check_goals(report)
+    report["goals"] = comparison.goals(report)
     report["notes"] = notes(report)
     print()
     for line in table_lines(report):
@@ -638,11 +687,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"throughput: {params['messages']:,} messages of {PAYLOAD_SIZES[0]}-{PAYLOAD_SIZES[1]} B "
         "as fast as the publisher writes; complete s = first publish -> last delivery; msg/s "
-        "= messages / complete s; top/peer = topiary's msg/s / the peer's (* = a side dropped: "
-        f"not comparable); CPU s = the broker's CPU seconds in the throughput phase (/proc: "
+        f"= messages / complete s (>/<: the phase hit its time bound before every "
+        f"subscriber had the marker); top/peer = {ours}'s msg/s / the row's (* = a side "
+        "dropped or did not finish: not comparable); CPU s = the broker's CPU seconds in the "
+        "throughput phase (/proc: "
         f"less sensitive to the machine's load than the rates); latency: "
         f"{params['latency_rate']:,} msg/s for "
-        f"{params['latency_seconds']:g} s; p99 t/p = topiary's p99 / the peer's; exact = "
+        f"{params['latency_seconds']:g} s; p99 t/p = {ours}'s p99 / the row's; exact = "
         "missing/duplicated/unexpected copies; NATS sends a copy per matching filter "
         "(deliv/msg); load = the machine's 1-minute load average when the row's run started"
     )

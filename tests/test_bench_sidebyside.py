@@ -116,7 +116,8 @@ def test_a_missing_broker_is_a_row_that_says_so(quick_run: tuple) -> None:
     assert report["ratios"]["1000"] == {}  # a missing peer has no ratio
     lines = sidebyside.table_lines(report)
     missing = [line for line in lines if "not installed" in line]
-    assert len(missing) == 2 and all(line.split()[1] == "nats" for line in missing)
+    assert len(missing) == 3 and all(line.split()[1] == "nats" for line in missing[:2])
+    assert missing[2] == "nats: not installed (apt-get install nats-server)"  # once, below
     assert any("nats: not installed" in note for note in sidebyside.notes(report))
 
 

@@ -19,6 +19,11 @@ bench/harness/clients in its own protocol (``PROTOCOL``).
 
   so that a subscriber slower than the publisher is queued for, not dropped, as the peers
   below are (a broker that dropped is "not comparable" in the tables).
+- ``topiary-mqtt``: the same broker and config, also serving MQTT (``--mqtt
+  127.0.0.1:PORT``), spoken to on that port with the MQTT client Mosquitto gets (issue 17:
+  topiary's MQTT front end against Mosquitto). Its native port stays open for ``stats()``
+  (``RunningBroker.stats_port``). Like Mosquitto below, one copy per connection however
+  many of its filters match.
 - ``mosquitto`` (2.0.x): ``mosquitto -c FILE`` with a config written into a temporary
   directory::
 
@@ -76,13 +81,32 @@ from bench.harness.processes import (
     wait_listening,
 )
 
+#: The comparison of issue 18 (bench/storm.py, bench/sidebyside.py by default).
 KINDS: Final = ("topiary", "mosquitto", "nats")
-PROTOCOL: Final = {"topiary": "native", "mosquitto": "mqtt", "nats": "nats"}
+#: topiary's two front ends: this repository, always "installed".
+TOPIARY_KINDS: Final = ("topiary", "topiary-mqtt")
+#: Every kind ``start`` knows, in table order.
+ALL_KINDS: Final = ("topiary", "topiary-mqtt", "mosquitto", "nats")
+PROTOCOL: Final = {
+    "topiary": "native",
+    "topiary-mqtt": "mqtt",
+    "mosquitto": "mqtt",
+    "nats": "nats",
+}
 #: How many MSGs a connection gets for one message: "connection" (once, however many of its
 #: filters match) or "subscription" (once per matching filter).
-DELIVERY: Final = {"topiary": "connection", "mosquitto": "connection", "nats": "subscription"}
+DELIVERY: Final = {
+    "topiary": "connection",
+    "topiary-mqtt": "connection",
+    "mosquitto": "connection",
+    "nats": "subscription",
+}
 PROGRAMS: Final = {"mosquitto": "mosquitto", "nats": "nats-server"}
 INSTALL_HINT: Final = "apt-get install mosquitto nats-server"
+INSTALL_HINTS: Final = {
+    "mosquitto": "apt-get install mosquitto",
+    "nats": "apt-get install nats-server",
+}
 _SBIN: Final = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 
 MOSQUITTO_CONFIG: Final = """\
@@ -119,8 +143,8 @@ def program(kind: str) -> str | None:
     it is this repository)."""
     name = PROGRAMS.get(kind)
     if name is None:
-        if kind not in KINDS:
-            raise ValueError(f"unknown broker kind {kind!r}; known: {', '.join(KINDS)}")
+        if kind not in ALL_KINDS:
+            raise ValueError(f"unknown broker kind {kind!r}; known: {', '.join(ALL_KINDS)}")
         return None
     found = shutil.which(name)
     if found:
@@ -134,12 +158,17 @@ def program(kind: str) -> str | None:
 
 def installed(kind: str) -> bool:
     """Whether a broker of ``kind`` can be started here."""
-    return kind == "topiary" or program(kind) is not None
+    return kind in TOPIARY_KINDS or program(kind) is not None
+
+
+def install_hint(kind: str) -> str:
+    """How to get a peer broker of ``kind`` (for a "not installed" row)."""
+    return INSTALL_HINTS.get(kind, INSTALL_HINT)
 
 
 def version(kind: str) -> str | None:
     """The broker's version as it reports it (None if unknown)."""
-    if kind == "topiary":
+    if kind in TOPIARY_KINDS:
         return "this checkout"
     path = program(kind)
     if path is None:
@@ -162,6 +191,7 @@ class RunningBroker:
     log_file: IO[bytes]
     config_dir: Path | None = None  # removed at stop
     extra: dict[str, Any] = field(default_factory=dict)
+    stats_port: int | None = None  # topiary's native port, for ``stats()`` (None: a peer)
 
     @property
     def pid(self) -> int:
@@ -176,19 +206,28 @@ def start(kind: str, log_dir: Path, label: str) -> RunningBroker:
     """A broker of ``kind`` listening on a free 127.0.0.1 port, logging to
     ``log_dir/label.log``; BenchError if it is not installed, exits or stays silent."""
     log_path = log_dir / f"{label}.log"
-    if kind == "topiary":
-        config_dir = Path(tempfile.mkdtemp(prefix="topiary-bench-topiary-"))
+    if kind in TOPIARY_KINDS:
+        config_dir = Path(tempfile.mkdtemp(prefix=f"topiary-bench-{kind}-"))
         config = config_dir / "topiary.toml"
         config.write_text(TOPIARY_CONFIG)
         try:
-            broker = start_broker(log_path, config=config)
+            broker = start_broker(log_path, config=config, mqtt=kind == "topiary-mqtt")
         except BaseException:
             shutil.rmtree(config_dir, ignore_errors=True)
             raise
-        return RunningBroker(kind, broker.port, broker.popen, log_path, broker.log_file, config_dir)
+        port = broker.mqtt_port if broker.mqtt_port is not None else broker.port
+        return RunningBroker(
+            kind,
+            port,
+            broker.popen,
+            log_path,
+            broker.log_file,
+            config_dir,
+            stats_port=broker.port,
+        )
     path = program(kind)
     if path is None:
-        raise BenchError(f"{kind} is not installed ({INSTALL_HINT})")
+        raise BenchError(f"{kind} is not installed ({install_hint(kind)})")
     config_dir = Path(tempfile.mkdtemp(prefix=f"topiary-bench-{kind}-"))
     port = free_port()
     if kind == "mosquitto":
@@ -234,7 +273,7 @@ _PROBLEM = re.compile(r"\b(error|warning|fatal|panic|slow consumer)\b", re.IGNOR
 def log_summary(broker: RunningBroker) -> dict[str, Any]:
     """What the broker's log says went wrong: topiary's JSON log through ``scan_log``, the
     peers' text logs by the lines that name an error, a warning or a slow consumer."""
-    if broker.kind == "topiary":
+    if broker.kind in TOPIARY_KINDS:
         return scan_log(broker.log_path)
     try:
         lines = broker.log_path.read_text(errors="replace").splitlines()

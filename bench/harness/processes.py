@@ -118,6 +118,7 @@ class BrokerProcess:
     port: int
     log_path: Path
     log_file: Any
+    mqtt_port: int | None = None  # the MQTT listener's, when started with ``mqtt=True``
 
     @property
     def pid(self) -> int:
@@ -129,12 +130,18 @@ def start_broker(
     profile: Path | None = None,
     data_dir: Path | None = None,
     config: Path | None = None,
+    mqtt: bool = False,
 ) -> BrokerProcess:
     """A broker on a free port, logging JSON to ``log_path``, once it listens; under
     cProfile (stats written at exit) if ``profile``; with its store in ``data_dir`` and
-    its settings from ``config`` if given."""
+    its settings from ``config`` if given; with ``mqtt``, also serving MQTT on a second
+    free port (``--mqtt``), and ready once both listen."""
     port = free_port()
     command = [*SERVE, "--port", str(port), "--host", HOST, "--log-format", "json"]
+    mqtt_port = None
+    if mqtt:
+        mqtt_port = free_port()
+        command += ["--mqtt", f"{HOST}:{mqtt_port}"]
     if data_dir is not None:
         command += ["--data-dir", str(data_dir)]
     if config is not None:
@@ -142,9 +149,12 @@ def start_broker(
     if profile is not None:
         command[1:1] = ["-m", "cProfile", "-o", str(profile)]
     popen, log_file = spawn_logged(command, log_path)
-    broker = BrokerProcess(popen, port, log_path, log_file)
+    broker = BrokerProcess(popen, port, log_path, log_file, mqtt_port)
+    listeners = {"broker": (popen, port)}
+    if mqtt_port is not None:
+        listeners["broker's MQTT port"] = (popen, mqtt_port)
     try:
-        wait_listening({"broker": (popen, port)}, BROKER_START_TIMEOUT)
+        wait_listening(listeners, BROKER_START_TIMEOUT)
     except BrokerExited:
         stop_broker(broker)
         raise BenchError(
