@@ -5,9 +5,9 @@ Native (Solace style): ``*`` as a whole level matches one level; ``abc*``
 ``abc`` included; ``>`` as the last level matches one or more levels.
 
 MQTT (opt-in): ``+`` is one level; ``#`` as the last level matches zero or
-more levels, so ``a/#`` matches ``a``. As in MQTT, a level may be empty (``/#``, ``a//b``). ``*`` and ``>`` are ordinary
-characters there; since topics never contain them, a level holding them can
-never match.
+more levels, so ``a/#`` matches ``a``. As in MQTT, a level may be empty (``/#``,
+``a//b``). ``*`` and ``>`` are ordinary characters there; since topics never
+contain them, a level holding them can never match.
 
 The ``$`` rule: a first level ``*``, ``+``, ``>``, ``#`` or prefix not
 starting with ``$`` never matches a system topic (``$SYS/...``); a first
