@@ -97,8 +97,7 @@ def validate_topic(topic: str, *, empty_levels: bool = False) -> None:
         and "*" not in topic
         and ">" not in topic
         and (
-            empty_levels
-            or ("//" not in topic and topic[0] != SEPARATOR and topic[-1] != SEPARATOR)
+            empty_levels or ("//" not in topic and topic[0] != SEPARATOR and topic[-1] != SEPARATOR)
         )
     ):  # ASCII within 250 bytes also means <= 125 levels
         return
