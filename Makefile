@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo lint bench clean browser
+.PHONY: test demo lint bench clean debs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,15 +12,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# tests/test_dashboard.py needs Debian's Chromium and ChromeDriver (these machines run as
-# root and reach Debian's packages); nothing is done when both are there already.
-CHROMIUM     := /usr/bin/chromium /usr/bin/chromedriver
-browser:
-	@for f in $(CHROMIUM); do test -x $$f || missing=1; done; \
+# Debian packages tests use (these machines run as root and reach Debian's packages):
+# Chromium and ChromeDriver for the page tests (tests/test_dashboard.py), Mosquitto and
+# nats-server for the side-by-side benchmarks' smoke tests. Nothing is done when all are
+# there already.
+DEB_FILES    := /usr/bin/chromium /usr/bin/chromedriver /usr/sbin/mosquitto /usr/sbin/nats-server
+DEB_PACKAGES := chromium chromium-driver mosquitto nats-server
+debs:
+	@for f in $(DEB_FILES); do test -x $$f || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get install -y -q chromium chromium-driver \
-		|| { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; \
+		apt-get install -y -q $(DEB_PACKAGES) \
+		|| { apt-get update -q && apt-get install -y -q $(DEB_PACKAGES); }; \
 	fi
 
 # MQTT.js, the Node client the MQTT front-end tests run (tests/js/mqtt_sub.js, mqtt_pub.js),
@@ -30,7 +33,7 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --no-audit --no-fund
 	touch $(JS_STAMP)
 
-test: $(STAMP) browser $(JS_STAMP)
+test: $(STAMP) debs $(JS_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
