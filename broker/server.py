@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import signal
+import tempfile
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any
@@ -150,13 +151,22 @@ async def run_broker(
 
     With ``config.data_dir`` the broker opens its store there first and restores the
     durable sessions in it; the store is closed (its last batch flushed) after the last
-    connection has gone.
+    connection has gone. A broker serving MQTT without a data dir keeps its store in a
+    temporary directory for the run (MQTT clients expect persistent sessions).
     """
     async with AsyncExitStack() as stack:
         store = None
-        if config.data_dir is not None:
+        data_dir = config.data_dir
+        mqtt = config.mqtt_listen is not None or config.mqtt_websocket is not None
+        if data_dir is None and mqtt:
+            # MQTT clients expect sessions that outlive a connection (3.1.1 without Clean
+            # Session): without a data dir they are kept in a store that lives as long as
+            # this process, in a temporary directory removed when the broker stops.
+            data_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="topiary-"))
+            log.info("sessions kept for this run only", store=data_dir)
+        if data_dir is not None:
             store = await stack.enter_async_context(
-                Store.open(config.data_dir, dedup_window=config.dedup_window)
+                Store.open(data_dir, dedup_window=config.dedup_window)
             )
         broker = broker or Broker(config, store=store)
         if not isinstance(broker.peering, Peering):

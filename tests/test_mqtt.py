@@ -416,3 +416,20 @@ def test_topics_with_empty_levels_work_as_mqtt_allows_and_reach_native_subscribe
     assert received == ["/TopicA", "a//b"]
     assert sorted(sub.receive().topic for _ in range(2)) == ["/TopicA", "a//b"]
     sub.disconnect()
+
+
+def test_without_a_data_dir_a_persistent_session_still_gets_what_came_while_it_was_away(
+    broker: Running,
+) -> None:
+    away = Paho(broker.mqtt_port, "away", version=4, clean=False)
+    away.connect()
+    away.subscribe("later/#", qos=1)
+    away.disconnect()
+    pub = Paho(broker.mqtt_port, "pub", version=4)
+    pub.connect()
+    pub.publish("later/1", b"kept", qos=1)
+    back = Paho(broker.mqtt_port, "away", version=4, clean=False)
+    assert back.connect()[0].session_present
+    assert back.receive().payload == b"kept"
+    back.disconnect()
+    pub.disconnect()
