@@ -77,19 +77,24 @@ def shared(message: Message) -> tuple[bytes, bytes]:
     return cached
 
 
-def _plain_heads(message: Message) -> list[bytes]:
-    """The heads of a QoS 0 PUBLISH of ``message`` without RETAIN or properties of its own
-    (3.1.1, 5.0), made once per message."""
+def _plain_head(message: Message, v5: bool) -> bytes:
+    """The head of a QoS 0 PUBLISH of ``message`` without RETAIN or properties of its own,
+    made once per message and protocol version (3.1.1, 5.0), when first needed."""
     heads = message.mqtt_heads
     if heads is None:
+        heads = message.mqtt_heads = [b"", b""]
+    head = heads[v5]
+    if not head:
         topic_bytes, props = shared(message)
         size = len(topic_bytes) + message.size
-        v3 = bytes((PUBLISH_TYPE,)) + varint(size) + topic_bytes
-        prop_head = varint(len(props))
-        size5 = size + len(prop_head) + len(props)
-        v5 = bytes((PUBLISH_TYPE,)) + varint(size5) + topic_bytes + prop_head + props
-        heads = message.mqtt_heads = [v3, v5]
-    return heads
+        if v5:
+            prop_head = varint(len(props))
+            size += len(prop_head) + len(props)
+            head = bytes((PUBLISH_TYPE,)) + varint(size) + topic_bytes + prop_head + props
+        else:
+            head = bytes((PUBLISH_TYPE,)) + varint(size) + topic_bytes
+        heads[v5] = head
+    return head
 
 
 def delivery_properties(
@@ -124,7 +129,7 @@ def append_publish(
     replaces the topic (an empty one, when a topic alias stands for it)."""
     if not qos and not retain and not extra and topic is None:
         # the same packet for every such delivery: its head made once per message and version
-        head = _plain_heads(message)[v5]
+        head = _plain_head(message, v5)
         parts.append(head)
         parts.append(message.payload)
         return len(head) + message.size
