@@ -451,7 +451,7 @@ def test_fast_fwd_agrees_with_build_frame(changes: dict[str, Any]) -> None:
 
 
 BAD_FWDS: list[dict[str, Any]] = [
-    {"topic": "a//b"},
+    {"topic": "a/*"},  # (an empty level is a topic MQTT may publish: forwarded like any)
     {"topic": None},
     {"payload": "x"},
     {"msg_id": None},
@@ -758,3 +758,8 @@ def test_u64_bounds_in_peer_frames() -> None:
     assert decode_frame(encode_frame(ack)) == ack
     with pytest.raises(LocalProtocolError, match=r"must be in 0\.\.2\*\*64-1"):
         frames.RouteAck(origin="a", incarnation=U64_MAX + 1, seq=0, by="b", hops=0)
+
+
+def test_an_event_on_a_topic_with_empty_levels_is_forwarded_as_mqtt_allows() -> None:
+    fields = {**msgpack.unpackb(encode_frame(FWD)), "topic": "/TopicA"}
+    assert fast_fwd(fields) == build_frame(frames.Fwd, fields)
