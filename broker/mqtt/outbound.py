@@ -1,12 +1,13 @@
 """What goes to an MQTT client: its session's messages as PUBLISHes, within its window.
 
 The writer drains the client's ``Session`` like the native one does (replies first, many
-packets per write, gaps of a durable session filled from the store) and encodes each
-delivery for this client (``append``): the QoS is the lower of the publisher's and the
-subscription's, the RETAIN flag says whether the message came from the retained store
-(or, with Retain As Published, how it was published), MQTT 5 adds the remaining expiry
-and the subscription identifiers. A message whose expiry passed is not sent, nor one
-larger than the client's Maximum Packet Size; both are counted.
+packets per write, gaps of a durable session filled from the store; while it is parked,
+a transient session's messages are written by the reader that routed them: ``direct``)
+and encodes each delivery for this client (``append``): the QoS is the lower of the
+publisher's and the subscription's, the RETAIN flag says whether the message came from
+the retained store (or, with Retain As Published, how it was published), MQTT 5 adds the
+remaining expiry and the subscription identifiers. A message whose expiry passed is not
+sent, nor one larger than the client's Maximum Packet Size; both are counted.
 
 QoS 1 and 2 deliveries take a free packet id and stay in flight until acknowledged; at
 most the client's Receive Maximum are (3.1.1: ``V3_INFLIGHT``), QoS 2 ones until PUBCOMP.
