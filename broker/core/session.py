@@ -58,6 +58,34 @@ DROP_LOG_INTERVAL = 10.0  # seconds: a session's drops are logged at most this o
 
 log = get_logger("topiary.session")
 
+#: Sessions whose wake is held while a reader handles a read's worth of requests
+#: (``hold_wakes``): flushed together before the reader awaits (``flush_wakes``). None while
+#: no reader holds them.
+_held: list[Session] | None = None
+
+
+def hold_wakes() -> None:
+    """Hold the wakes of idle writers until ``flush_wakes``: a reader about to handle what
+    it read (synchronously: it must flush before it awaits). A session whose front end
+    can write directly (``Session.direct``) then has what the read queued for it written in
+    one send, in this task's turn, without waking its writer."""
+    global _held
+    if _held is None:
+        _held = []
+
+
+def flush_wakes() -> None:
+    """Write (``Session.direct``) or wake each session held since ``hold_wakes``."""
+    global _held
+    held = _held
+    _held = None
+    if held:
+        for session in held:
+            if session._writer is not None:  # else woken meanwhile (a reply, the close)
+                direct = session.direct
+                if direct is None or not direct():
+                    session.wake()
+
 
 class Holder(Protocol):
     """A front end's connection holding a durable session (``Session.connection``)."""
@@ -149,6 +177,7 @@ class Session:
         "counters",
         "deferred",
         "delivered",
+        "direct",
         "dropped",
         "durable",
         "failure",
@@ -237,6 +266,11 @@ class Session:
         # What the front end's connection does when the session fails (``fail``): set by
         # the connection that reads the session.
         self.on_failure: Callable[[RemoteProtocolError], None] | None = None
+        # A transient session's front end may write what was queued itself while its writer
+        # is parked (``flush_wakes``): this does (take_batch and one non-blocking send) and
+        # says whether the writer may stay parked (all sent, nothing left queued). Set by
+        # the connection, on a plain socket; None otherwise.
+        self.direct: Callable[[], bool] | None = None
 
     # -- subscriptions -------------------------------------------------------------------
 
@@ -336,7 +370,10 @@ class Session:
             self._untold_drops = 0
         outbox = self._outbox
         if not outbox:  # else the writer finds this entry when it looks at the queue again
-            self.wake()
+            if _held is not None and self.direct is not None and self._writer is not None:
+                _held.append(self)  # written, or the writer woken, by flush_wakes
+            else:
+                self.wake()
         outbox.append((message, sub_id, self.seq))
         self._queued_messages += 1
         self._queued_bytes += message.size

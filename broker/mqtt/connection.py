@@ -23,6 +23,7 @@ from typing import ClassVar
 import trio
 
 from broker.core import Broker, Session
+from broker.core.session import flush_wakes, hold_wakes
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.mqtt import reasons as R
@@ -142,6 +143,8 @@ class MqttConnection:
         if self.sweeper is not None and accepted.keepalive:
             self.sweeper.hurry(accepted.keepalive)
         outbound = self.outbound = Outbound(self, accepted)
+        if isinstance(self.stream, trio.SocketStream):  # (not a WebSocket, not TLS)
+            outbound.write_directly(self.stream.socket.fileno(), self._last_word_due)
         requests = Requests(self, accepted, outbound)
         session.on_failure = self._session_failed
         if session.failure is not None:
@@ -162,6 +165,7 @@ class MqttConnection:
     def _release(self, accepted: Accepted, closing: Closing | None) -> None:
         """The session and the client id go back to the core and the front end."""
         session = accepted.session
+        session.direct = None
         frontend = self.mqtt
         client_id = accepted.client_id
         if frontend.live.get(client_id) is self:
@@ -228,21 +232,28 @@ class MqttConnection:
         counters = self.broker.counters
         while True:
             handled = 0
-            while handled < turn_frames:
-                try:
-                    packet = decoder.next_packet()
-                except MqttError as exc:
-                    self._malformed(exc)
-                    return
-                if packet is None:
-                    break
-                handled += 1
-                closing = requests.handle(packet)
-                if closing is None and requests.later:
-                    closing = await requests.run_later()
-                if closing is not None:
-                    self.stop(closing)
-                    return
+            # The writers the packets wake are woken (or written for) at the end, together.
+            hold_wakes()
+            try:
+                while handled < turn_frames:
+                    try:
+                        packet = decoder.next_packet()
+                    except MqttError as exc:
+                        self._malformed(exc)
+                        return
+                    if packet is None:
+                        break
+                    handled += 1
+                    closing = requests.handle(packet)
+                    if closing is None and requests.later:
+                        flush_wakes()  # (nothing is held across an await)
+                        closing = await requests.run_later()
+                        hold_wakes()
+                    if closing is not None:
+                        self.stop(closing)
+                        return
+            finally:
+                flush_wakes()
             if handled < turn_frames:
                 await requests.wait_room()
                 try:

@@ -1,12 +1,13 @@
 """What goes to an MQTT client: its session's messages as PUBLISHes, within its window.
 
 The writer drains the client's ``Session`` like the native one does (replies first, many
-packets per write, gaps of a durable session filled from the store) and encodes each
-delivery for this client (``append``): the QoS is the lower of the publisher's and the
-subscription's, the RETAIN flag says whether the message came from the retained store
-(or, with Retain As Published, how it was published), MQTT 5 adds the remaining expiry
-and the subscription identifiers. A message whose expiry passed is not sent, nor one
-larger than the client's Maximum Packet Size; both are counted.
+packets per write, gaps of a durable session filled from the store; while it is parked,
+a transient session's messages are written by the reader that routed them: ``direct``)
+and encodes each delivery for this client (``append``): the QoS is the lower of the
+publisher's and the subscription's, the RETAIN flag says whether the message came from
+the retained store (or, with Retain As Published, how it was published), MQTT 5 adds the
+remaining expiry and the subscription identifiers. A message whose expiry passed is not
+sent, nor one larger than the client's Maximum Packet Size; both are counted.
 
 QoS 1 and 2 deliveries take a free packet id and stay in flight until acknowledged; at
 most the client's Receive Maximum are (3.1.1: ``V3_INFLIGHT``), QoS 2 ones until PUBCOMP.
@@ -26,6 +27,8 @@ for it instead (MQTT-4.4.0-1), and a redelivery from the store skips it.
 """
 
 from __future__ import annotations
+
+import os
 
 import trio
 
@@ -92,8 +95,47 @@ class Outbound:
         self._released = set(self.state.pubrel_due.values())
         for pid in self.state.pubrel_due:
             self.session.send_control(encode(PubRel(pid), self.level))
+        # The rest of a direct write the socket did not take (``direct``): the writer sends
+        # it before anything else. The socket's descriptor when direct writes are made.
+        self._unsent = b""
+        self._fd: int | None = None
+        self._last_word_due: trio.Event | None = None
 
     # -- the writer ----------------------------------------------------------------------
+
+    def write_directly(self, fd: int, last_word_due: trio.Event) -> None:
+        """Let the router's flush write to socket ``fd`` while the writer is parked
+        (``Session.direct``): a transient session only (a durable one fills gaps)."""
+        if self.session.durable:
+            return
+        self._fd = fd
+        self._last_word_due = last_word_due
+        self.session.direct = self.direct
+
+    def direct(self) -> bool:
+        """``Session.direct`` (the writer is parked in ``wait_data``): encode what is queued
+        as the writer would and write it with one non-blocking send, in the caller's turn.
+        True when all of it went and nothing is left queued; else the writer, woken, sends
+        the rest first (``_unsent``) and goes on as usual."""
+        if self._unsent or self.shared or self._last_word_due.is_set():  # type: ignore[union-attr]
+            return False
+        room = self._room()
+        if room <= 0:
+            return False  # the writer waits for the window
+        session = self.session
+        self._now = trio.current_time()
+        data, _messages = session.take_batch(self.append, BATCH_BYTES, None, room)
+        try:
+            sent = os.write(self._fd, data)  # type: ignore[arg-type]
+        except OSError:  # full (BlockingIOError), or broken: the writer's send finds out
+            sent = 0
+        self.conn.broker.counters.bytes_sent += sent
+        if sent < len(data):
+            self._unsent = data[sent:]
+            return False
+        if session.sampled:
+            self._observe_latency()
+        return not session.queued
 
     async def run_writer(self, done: trio.Event, last_word_due: trio.Event) -> None:
         session = self.session
@@ -101,6 +143,15 @@ class Outbound:
         counters = conn.broker.counters
         try:
             while True:
+                if self._unsent:  # the rest of a direct write: it goes on where it stopped
+                    data = self._unsent
+                    self._unsent = b""
+                    await conn.stream.send_all(data)
+                    counters.bytes_sent += len(data)
+                    data = b""
+                    if session.sampled:
+                        self._observe_latency()
+                    continue
                 if last_word_due.is_set():
                     await self._say_last_word()
                     return

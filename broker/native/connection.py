@@ -6,6 +6,8 @@ Two tasks share a nursery owned by ``ClientConnection.run`` once the handshake
 - the reader (run inline) reads as many bytes as are available, has ``Requests``
   handle every whole frame in them, and only then reads again: many frames per syscall;
 - the writer drains the session's queue, many frames per ``send_all``, replies first;
+  while it is parked, what a reader's read queues for it is written by that reader
+  instead, in one non-blocking send (``_direct``; the writer finishes a partial one);
 
 plus, only while a PUBACK waits for a store commit, ``Confirms``' drain task. The
 keepalive is no task of its own: the server's ``KeepaliveSweeper`` calls each
@@ -33,6 +35,7 @@ from typing import ClassVar
 import trio
 
 from broker.core import Broker, Member, Message, Session
+from broker.core.session import flush_wakes, hold_wakes
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.mesh import Peering
@@ -112,6 +115,10 @@ class ClientConnection:
         self._last_word: Error | None = None  # the closing ERROR, written by the writer
         self._flush_first = False  # True at shutdown: the queue goes out before the ERROR
         self.last_sent = 0.0  # trio time a write of MSGs last completed: the client reads
+        # The rest of a direct write the socket did not take (``_direct``), and whether it
+        # carries messages: the writer sends it before anything else.
+        self._unsent = b""
+        self._unsent_messages = 0
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -151,6 +158,7 @@ class ClientConnection:
             await trio.aclose_forcefully(self.stream)
 
     def _release(self, session: Session, member: Member | None) -> None:
+        session.direct = None
         if member is not None:
             member.group.leave(member)  # what it held goes to the others
             self.broker.close_session(session)
@@ -182,6 +190,8 @@ class ClientConnection:
         session.on_failure = self._session_failed
         if session.failure is not None:
             self._session_failed(session.failure)
+        if self._fd is not None and not session.durable:
+            session.direct = self._direct
         async with trio.open_nursery() as nursery:
             self._writer_running = True
             nursery.start_soon(self._writer, session, name=WRITER_TASK)
@@ -251,7 +261,12 @@ class ClientConnection:
         clock = trio.current_time
         turn_began = clock()
         while True:
-            stop = await handle(proto.next_events(turn_frames))  # the frames of the last read
+            # The writers the frames wake are woken (or written for) at the end, together.
+            hold_wakes()
+            try:
+                stop = await handle(proto.next_events(turn_frames))  # the frames of the last read
+            finally:
+                flush_wakes()
             if stop is NEED_DATA:
                 await session.wait_control_drained()
                 fd = self._fd
@@ -298,6 +313,15 @@ class ClientConnection:
         counters = self.broker.counters
         try:
             while True:
+                if self._unsent:  # the rest of a direct write: it goes on where it stopped
+                    data = self._unsent
+                    self._unsent = b""
+                    await self._send(data, self._unsent_messages)
+                    counters.bytes_sent += len(data)
+                    data = b""
+                    if session.sampled:
+                        self._observe_latency(session.sampled)
+                    continue
                 if self._last_word is not None and not self._flush_first:
                     await self._say_last_word(session)  # ahead of the queued messages
                     return
@@ -326,6 +350,33 @@ class ClientConnection:
             self._writer_running = False
             if self._writer_done is not None:
                 self._writer_done.set()
+
+    def _direct(self) -> bool:
+        """``Session.direct`` (the writer is parked in ``wait_data``): encode what is queued
+        as the writer would and write it with one non-blocking send, in the caller's turn.
+        True when all of it went and nothing is left queued; else the writer, woken, sends
+        the rest first (``_unsent``) and goes on."""
+        if self._unsent or self._last_word is not None or self.ending.telling:
+            return False
+        session = self.session
+        assert session is not None
+        data, messages = session.take_batch(append_msg, BATCH_BYTES, _append_discarded)
+        try:
+            sent = os.write(self._fd, data)  # type: ignore[arg-type]
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # broken: the writer's send finds out and ends the connection
+            sent = 0
+        self.broker.counters.bytes_sent += sent
+        if sent < len(data):
+            self._unsent = data[sent:]
+            self._unsent_messages = messages
+            return False
+        if messages:
+            self.last_sent = trio.current_time()
+        if session.sampled:
+            self._observe_latency(session.sampled)
+        return not session.queued
 
     async def _send(self, data: bytes, messages: int) -> None:
         """Write ``data``; while it carries messages, each ``PROGRESS_BYTES`` the socket takes

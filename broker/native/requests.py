@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import routing
 from broker.core import Broker, DurableWork, Group, Member, QuotaExceeded, Session
+from broker.core.session import flush_wakes, hold_wakes
 from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.log import get_logger
 from broker.native.confirms import Confirms
@@ -112,7 +113,9 @@ class Requests:
                 continue
             handler(self, event)
             if self._later:
+                flush_wakes()  # (held by the reader: nothing is held across an await)
                 problem = await self._run_later()
+                hold_wakes()
                 if problem is not None:
                     return problem
             if not session.ready:  # its first request is answered: the backlog may come
