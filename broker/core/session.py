@@ -35,6 +35,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -59,9 +60,10 @@ DROP_LOG_INTERVAL = 10.0  # seconds: a session's drops are logged at most this o
 log = get_logger("topiary.session")
 
 #: Sessions whose wake is held while a reader handles a read's worth of requests
-#: (``hold_wakes``): flushed together before the reader awaits (``flush_wakes``). None while
-#: no reader holds them.
-_held: list[Session] | None = None
+#: (``hold_wakes``): flushed together before the reader awaits (``flush_wakes``). A context
+#: variable, so only the holding task's own deliveries are held (not another task's, nor
+#: another broker's in another thread); None while it holds none.
+_held: ContextVar[list[Session] | None] = ContextVar("topiary_held_wakes", default=None)
 
 
 def hold_wakes() -> None:
@@ -69,22 +71,21 @@ def hold_wakes() -> None:
     it read (synchronously: it must flush before it awaits). A session whose front end
     can write directly (``Session.direct``) then has what the read queued for it written in
     one send, in this task's turn, without waking its writer."""
-    global _held
-    if _held is None:
-        _held = []
+    if _held.get() is None:
+        _held.set([])
 
 
 def flush_wakes() -> None:
     """Write (``Session.direct``) or wake each session held since ``hold_wakes``."""
-    global _held
-    held = _held
-    _held = None
-    if held:
-        for session in held:
-            if session._writer is not None:  # else woken meanwhile (a reply, the close)
-                direct = session.direct
-                if direct is None or not direct():
-                    session.wake()
+    held = _held.get()
+    if held is None:
+        return
+    _held.set(None)
+    for session in held:
+        if session._writer is not None:  # else woken meanwhile (a reply, the close)
+            direct = session.direct
+            if direct is None or not direct():
+                session.wake()
 
 
 class Holder(Protocol):
@@ -370,8 +371,9 @@ class Session:
             self._untold_drops = 0
         outbox = self._outbox
         if not outbox:  # else the writer finds this entry when it looks at the queue again
-            if _held is not None and self.direct is not None and self._writer is not None:
-                _held.append(self)  # written, or the writer woken, by flush_wakes
+            held = _held.get() if self.direct is not None else None
+            if held is not None and self._writer is not None:
+                held.append(self)  # written, or the writer woken, by flush_wakes
             else:
                 self.wake()
         outbox.append((message, sub_id, self.seq))
