@@ -30,6 +30,7 @@ from broker.mesh import Peering
 from broker.mqtt.connection import MqttConnection
 from broker.mqtt.state import MqttFrontEnd
 from broker.native import ClientConnection, KeepaliveSweeper
+from broker.security import Reloadable, reload_all
 from broker.store import Store
 
 log = get_logger("topiary.server")
@@ -61,6 +62,12 @@ class Server:
         self.mqtt: MqttFrontEnd | None = None
         self.http: HttpServer | None = None  # the operators' port, when configured
         self._sweeper = KeepaliveSweeper(broker.connections)
+        # What SIGHUP re-reads (certificates, users, ACL rules): see broker/security/reload.py
+        self.reloadables: list[Reloadable] = []
+
+    def reload(self) -> dict[str, str | None]:
+        """Re-read what may change without a restart (SIGHUP); part name -> error or None."""
+        return reload_all(self.reloadables)
 
     def shutdown(self) -> None:
         self._shutdown.set()
@@ -185,8 +192,10 @@ async def run_broker(
                 broker.frontends["mqtt"] = server.mqtt
                 await nursery.start(_run_in_scope, server.mqtt.run, timers)
             signals = trio.CancelScope()
+            reloads = trio.CancelScope()
             if handle_signals:
                 nursery.start_soon(_shutdown_on_signal, server, signals)
+                nursery.start_soon(_reload_on_signal, server, reloads)
             await nursery.start(broker.peering.run)
             operators = trio.CancelScope()
             if config.http_listen is not None:
@@ -205,6 +214,7 @@ async def run_broker(
             task_status.started(server)
             await server._shutdown.wait()
             signals.cancel()
+            reloads.cancel()
             # serve() drains connections within shutdown_timeout; this is the backstop
             nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout + 5
             await server.stopped.wait()
@@ -245,6 +255,14 @@ async def _serve_http(
     listeners = await trio.open_tcp_listeners(port, host=host)
     with scope:
         await http.serve(listeners, task_status=task_status)
+
+
+async def _reload_on_signal(server: Server, scope: trio.CancelScope) -> None:
+    """SIGHUP re-reads certificates, users and ACL rules; a bad file keeps the old state."""
+    with scope, trio.open_signal_receiver(signal.SIGHUP) as received:
+        async for _signum in received:
+            log.info("signal", signal="SIGHUP")
+            server.reload()
 
 
 async def _shutdown_on_signal(server: Server, scope: trio.CancelScope) -> None:

@@ -32,6 +32,7 @@ from broker.mqtt.publish import pass_through_properties
 from broker.mqtt.state import NEVER, ClientState
 from broker.mqtt.subscriptions import Options
 from broker.net import RECEIVE_SIZE
+from broker.security import ANONYMOUS, Identity
 from broker.store import StoreError
 
 log = get_logger("topiary.mqtt")
@@ -57,6 +58,7 @@ class Accepted:
     maximum_packet: int  # the largest packet the client takes (bytes)
     topic_alias_maximum: int  # aliases the client lets us define (we define none)
     problem_information: bool  # may a Reason String go to the client
+    identity: Identity = ANONYMOUS  # who the client proved to be (broker/security)
 
     @property
     def v5(self) -> bool:

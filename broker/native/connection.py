@@ -147,7 +147,13 @@ class ClientConnection:
                 self.last_heard = opened.heard
                 confirms = Confirms(session, self.proto)
                 requests = Requests(
-                    broker, self.proto, session, confirms, opened.joining, self.peer
+                    broker,
+                    self.proto,
+                    session,
+                    confirms,
+                    opened.joining,
+                    self.peer,
+                    identity=opened.identity,
                 )
                 try:
                     await self._serve_session(session, requests, confirms)

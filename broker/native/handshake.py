@@ -16,6 +16,7 @@ from broker.core import GROUP_PREFIX, Broker, Group, Holder, Session
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.net import receive_frame, send_error
+from broker.security import ANONYMOUS, Identity
 from broker.store import StoreError
 from broker.wire.connection import Connection
 from broker.wire.frames import PROTOCOL_VERSION, Frame, Hello, PeerHello, Welcome
@@ -34,6 +35,7 @@ class Opened:
     keepalive: float  # the interval this client asked for (clamped), or the broker's
     heard: float  # when the client was last heard (trio time): the keepalive starts there
     joining: Group | None  # the shared group it joins once its first request is answered
+    identity: Identity = ANONYMOUS  # who the client proved to be (broker/security)
 
 
 async def handshake(

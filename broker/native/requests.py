@@ -27,6 +27,7 @@ from broker.core.session import flush_wakes, hold_wakes
 from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.log import get_logger
 from broker.native.confirms import Confirms
+from broker.security import ANONYMOUS, Identity
 from broker.store import StoreError
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, NeedData
 from broker.wire.frames import (
@@ -68,8 +69,10 @@ class Requests:
         confirms: Confirms,
         joining: Group | None = None,
         peer: str = "?",
+        identity: Identity = ANONYMOUS,
     ) -> None:
         self.broker = broker
+        self.identity = identity  # the subject of this client's access decisions
         self.proto = proto
         self.session = session
         self.confirms = confirms
