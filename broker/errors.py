@@ -57,6 +57,9 @@ class ErrorCode(StrEnum):
     DUPLICATE_LINK = "DUPLICATE_LINK"
     SYNC_TIMEOUT = "SYNC_TIMEOUT"
     NOT_A_PEER = "NOT_A_PEER"
+    NOT_AUTHORIZED = "NOT_AUTHORIZED"
+    RATE_LIMITED = "RATE_LIMITED"
+    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     INTERNAL = "INTERNAL"
 
     @property
@@ -99,6 +102,9 @@ CLOSES_CONNECTION: Mapping[ErrorCode, bool] = MappingProxyType(
         _C.DUPLICATE_LINK: True,
         _C.SYNC_TIMEOUT: False,
         _C.NOT_A_PEER: True,
+        _C.NOT_AUTHORIZED: False,
+        _C.RATE_LIMITED: False,
+        _C.LIMIT_EXCEEDED: False,
         _C.INTERNAL: True,
     }
 )
@@ -177,6 +183,19 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
         _C.NOT_A_PEER: (
             "A peer frame or peer feature was asked of a broker that does not take it: "
             "PEER_HELLO to a broker without peering, or ROUTE from an observer."
+        ),
+        _C.NOT_AUTHORIZED: (
+            "The client's identity may not do this: a PUB or SUB the topic ACLs refuse (`ref` "
+            "names it; nothing was routed or subscribed), or a durable session another "
+            "identity owns (the connection is then closed)."
+        ),
+        _C.RATE_LIMITED: (
+            "A PUB past the connection's publish rate (`ref` names it; it was not routed), "
+            "or a connection past the broker's new-connection rate (then closed)."
+        ),
+        _C.LIMIT_EXCEEDED: (
+            "A configured limit refused the request: a SUB past the per-client subscription "
+            "limit (`ref` names it), or a connection past `max_connections` (then closed)."
         ),
         _C.INTERNAL: (
             "A bug or unexpected failure on the sender's side (for a PUB: it could not be "
