@@ -313,6 +313,8 @@ def _serve(args: argparse.Namespace) -> int:
     tune_gc()
     try:
         trio.run(lambda: run_broker(config, handle_signals=True))
+    except ConfigError as exc:  # a file the config names is bad (the ACL file, ...)
+        raise UsageError(str(exc)) from None
     except OSError as exc:
         print(
             f"topiary serve: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}",

@@ -33,6 +33,9 @@ key, never a traceback and never a silently ignored typo.
     [auth]
     token = "secret"               # HELLO credentials {"token": ...} must match
 
+    [acl]                          # topic ACLs (docs/security.md); off unless set
+    file = "acl.toml"              # [[rule]] who/allow/deny/filter/dialect; SIGHUP reloads
+
     [http]                         # operators' port (docs/operations.md); off unless set
     listen = "127.0.0.1:7480"      # /metrics, /healthz, /readyz, /api/stats, the dashboard
     top_sessions = 20              # /metrics: sessions by lag with their own series; + "other"
@@ -99,6 +102,7 @@ class BrokerConfig:
     overflow: str = "drop-oldest"
     group_prefetch: int = 64
     auth_token: str | None = None
+    acl_file: str | None = None  # the topic ACL file (broker/security/acl_file.py); None: off
     http_listen: str | None = None  # HOST:PORT of the operators' HTTP port; None: off
     http_top_sessions: int = 20  # durable sessions with their own /metrics series, by lag
     http_request_timeout: float = 10.0  # seconds per request on it, and per idle keep-alive
@@ -151,6 +155,7 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "group_prefetch": "group_prefetch",
     },
     "auth": {"token": "auth_token"},
+    "acl": {"file": "acl_file"},
     "http": {
         "listen": "http_listen",
         "top_sessions": "http_top_sessions",
@@ -193,6 +198,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "overflow": (str,),
     "group_prefetch": (int,),
     "auth_token": (str, type(None)),
+    "acl_file": (str, type(None)),
     "http_listen": (str, type(None)),
     "http_top_sessions": (int,),
     "http_request_timeout": (int, float),

@@ -31,6 +31,7 @@ from broker.mqtt.connection import MqttConnection
 from broker.mqtt.state import MqttFrontEnd
 from broker.native import ClientConnection, KeepaliveSweeper
 from broker.security import Reloadable, reload_all
+from broker.security.acl_file import AclFile
 from broker.store import Store
 
 log = get_logger("topiary.server")
@@ -182,6 +183,11 @@ async def run_broker(
             restored = await broker.load()
             log.info("store opened", data_dir=config.data_dir, durable_sessions=restored)
         server = Server(broker)
+        acl = None
+        if config.acl_file is not None:  # a bad file stops start-up here (ConfigError)
+            acl = AclFile(broker, config.acl_file)
+            acl.load()
+            server.reloadables.append(acl)
         listeners = await trio.open_tcp_listeners(config.port, host=config.host)
         mqtt_listeners = await _listen(config.mqtt_listen)
         mqtt_ws_listeners = await _listen(config.mqtt_websocket)
@@ -197,6 +203,9 @@ async def run_broker(
                 nursery.start_soon(_shutdown_on_signal, server, signals)
                 nursery.start_soon(_reload_on_signal, server, reloads)
             await nursery.start(broker.peering.run)
+            acl_store = trio.CancelScope()  # the ACL file's store removals
+            if acl is not None:
+                await nursery.start(_run_in_scope, acl.run, acl_store)
             operators = trio.CancelScope()
             if config.http_listen is not None:
                 server.http = HttpServer(
@@ -220,6 +229,7 @@ async def run_broker(
             await server.stopped.wait()
             operators.cancel()  # the HTTP port answers until the last client has gone
             timers.cancel()
+            acl_store.cancel()
 
 
 async def _listen(listen: str | None) -> list[trio.SocketListener]:

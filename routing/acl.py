@@ -202,7 +202,7 @@ class Access:
         for flt in deny:
             self._deny_table.add(flt, _DENY)
         self._pub_answers: dict[str, bool] = {}
-        self._sub_answers: dict[Filter, bool] = {}
+        self._sub_answers: dict[Filter | tuple[str, str], bool] = {}
         self.rules = len(self._pub_table) + len(self._allow_subscribe) + len(deny)
 
     def may_publish(self, topic: str) -> bool:
@@ -224,6 +224,14 @@ class Access:
             if len(self._sub_answers) >= ANSWERS_MAX:
                 self._sub_answers.clear()
             self._sub_answers[flt] = answer
+        return answer
+
+    def may_subscribe_text(self, text: str, dialect: str) -> bool:
+        """``may_subscribe`` for a filter held as text (a valid one), parsed on a miss."""
+        answer = self._sub_answers.get((text, dialect))
+        if answer is None:
+            answer = self.may_subscribe(parse_filter(text, dialect))
+            self._sub_answers[(text, dialect)] = answer
         return answer
 
     def denies(self, topic: str) -> bool:

@@ -30,6 +30,9 @@ class Counters:
     subscribes: int = 0
     unsubscribes: int = 0
     retained_sent: int = 0
+    acl_denied_publish: int = 0
+    acl_denied_subscribe: int = 0
+    acl_denied_deliveries: int = 0
     errors: Counter[str] = field(default_factory=Counter)
 
     def snapshot(self) -> dict[str, Any]:
@@ -55,5 +58,8 @@ class Counters:
             "subscribes": self.subscribes,
             "unsubscribes": self.unsubscribes,
             "retained_sent": self.retained_sent,
+            "acl_denied_publish": self.acl_denied_publish,
+            "acl_denied_subscribe": self.acl_denied_subscribe,
+            "acl_denied_deliveries": self.acl_denied_deliveries,
             "errors": dict(self.errors),
         }
