@@ -27,15 +27,18 @@ rules with ``%u`` never apply to it.
 Cost: an ``Access`` holds its filters in small ``SubscriptionTable``s, so a decision costs
 a trie walk, not a scan of the rules, and ``may_publish`` and ``may_subscribe`` keep their
 answers (a dict lookup the second time). Clients with the same applicable rules and the
-same substituted names share one ``Access`` (``Policy`` keeps them), and ``has_denies`` is
-false when no deny-subscribe rule applies, so a router can leave such clients on its fast
-path. No I/O, and nothing from ``broker/``: the caller passes who the client is.
+same substituted names share one ``Access`` (``Policy`` keeps them), clients with the same
+deny-subscribe filters share one ``Denials`` (a router asks it once per message for all of
+them), and ``has_denies`` is false when no deny-subscribe rule applies, so a router can
+leave such clients on its fast path. No I/O, and nothing from ``broker/``: the caller
+passes who the client is.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -170,11 +173,11 @@ class Access:
 
     __slots__ = (
         "_allow_subscribe",
-        "_deny_table",
         "_pub_answers",
         "_pub_table",
         "_sub_answers",
         "_sub_table",
+        "denials",
         "has_denies",
         "rules",
     )
@@ -185,31 +188,32 @@ class Access:
         deny_publish: Iterable[Filter] = (),
         allow_subscribe: Iterable[Filter] = (),
         deny_subscribe: Iterable[Filter] = (),
+        denials: Denials | None = None,
     ) -> None:
-        # Match caches off where this class keeps its own answers (one bool per question).
-        self._pub_table = SubscriptionTable(cache_size=0)
-        for flt in allow_publish:
-            self._pub_table.add(flt, _ALLOW)
-        for flt in deny_publish:
-            self._pub_table.add(flt, _DENY)
+        # A table only where there are filters (a broker may hold an Access per client, and
+        # the cyclic GC walks all of it). Match caches are off where this class keeps its
+        # own answers (one bool per question).
+        pub = [(flt, _ALLOW) for flt in allow_publish] + [(flt, _DENY) for flt in deny_publish]
+        self._pub_table = _table(pub, cache_size=0)
         self._allow_subscribe = list(dict.fromkeys(allow_subscribe))
-        self._sub_table = SubscriptionTable(cache_size=0)
-        for i, flt in enumerate(self._allow_subscribe):
-            self._sub_table.add(flt, i)
-        deny = list(deny_subscribe)
-        self.has_denies = bool(deny)
-        self._deny_table = SubscriptionTable()  # per message: its match cache is the answer
-        for flt in deny:
-            self._deny_table.add(flt, _DENY)
+        self._sub_table = _table(list(zip(self._allow_subscribe, itertools.count())), 0)
+        if denials is None:
+            deny = list(deny_subscribe)
+            denials = Denials(deny) if deny else None
+        #: The deny-subscribe rules, shared by the clients that have the same ones (a router
+        #: asks once per message for all of them); None when there are none.
+        self.denials = denials
+        self.has_denies = denials is not None
         self._pub_answers: dict[str, bool] = {}
         self._sub_answers: dict[Filter | tuple[str, str], bool] = {}
-        self.rules = len(self._pub_table) + len(self._allow_subscribe) + len(deny)
+        self.rules = len(pub) + len(self._allow_subscribe) + (len(denials) if denials else 0)
 
     def may_publish(self, topic: str) -> bool:
         """May this client publish to ``topic`` (a valid topic)?"""
         answer = self._pub_answers.get(topic)
         if answer is None:
-            found = self._pub_table.match(topic)
+            table = self._pub_table
+            found = table.match(topic) if table is not None else ()
             answer = _ALLOW in found and _DENY not in found
             if len(self._pub_answers) >= ANSWERS_MAX:
                 self._pub_answers.clear()
@@ -236,16 +240,50 @@ class Access:
 
     def denies(self, topic: str) -> bool:
         """Does a deny-subscribe rule of this client match ``topic`` (a valid topic)?"""
-        return bool(self._deny_table.match(topic))
+        denials = self.denials
+        return denials is not None and denials.denies(topic)
 
     def _covered(self, flt: Filter) -> bool:
         """A filter that covers ``flt`` matches every topic ``flt`` matches, ``example`` among
         them: only the allow filters that match it are tried."""
         allow = self._allow_subscribe
+        table = self._sub_table
+        if table is None:
+            return False
         topic = example_topic(flt)
         if topic is None:  # flt matches no topic (or none we can name): try every rule
             return any(covers(general, flt) for general in allow)
-        return any(covers(allow[i], flt) for i in self._sub_table.match(topic))
+        return any(covers(allow[i], flt) for i in table.match(topic))
+
+
+class Denials:
+    """A set of deny-subscribe filters, asked per message: a table whose match cache makes a
+    repeated topic one dict lookup."""
+
+    __slots__ = ("_table", "filters")
+
+    def __init__(self, filters: Sequence[Filter]) -> None:
+        self.filters = tuple(filters)
+        self._table = _table([(flt, _DENY) for flt in self.filters])
+
+    def __len__(self) -> int:
+        return len(self.filters)
+
+    def denies(self, topic: str) -> bool:
+        """Does one of the filters match ``topic`` (a valid topic)?"""
+        table = self._table
+        return table is not None and bool(table.match(topic))
+
+
+def _table(
+    entries: list[tuple[Filter, Hashable]], cache_size: int | None = None
+) -> SubscriptionTable | None:
+    """A table of (filter, subscriber) entries, or None for none."""
+    if not entries:
+        return None
+    table = SubscriptionTable() if cache_size is None else SubscriptionTable(cache_size=cache_size)
+    table.add_many(entries)
+    return table
 
 
 #: Everything allowed, nothing denied: what a client gets with no policy at all is no
@@ -288,6 +326,7 @@ class Policy:
         for i, rule in enumerate(self.rules):
             self._by_who.setdefault(rule.who, []).append(i)
         self._made: dict[tuple[object, ...], Access] = {}
+        self._denials: dict[tuple[Filter, ...], Denials] = {}  # shared between clients
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -326,11 +365,17 @@ class Policy:
                 lists[True, action].append(flt)
             for action in rule.deny:
                 lists[False, action].append(flt)
+        deny = tuple(lists[False, SUBSCRIBE])
+        denials = self._denials.get(deny) if deny else None
+        if deny and denials is None:
+            if len(self._denials) >= ACCESS_MAX:
+                self._denials.clear()
+            denials = self._denials[deny] = Denials(deny)
         made = Access(
             allow_publish=lists[True, PUBLISH],
             deny_publish=lists[False, PUBLISH],
             allow_subscribe=lists[True, SUBSCRIBE],
-            deny_subscribe=lists[False, SUBSCRIBE],
+            denials=denials,
         )
         if len(self._made) >= ACCESS_MAX:
             self._made.clear()

@@ -66,13 +66,15 @@ _DURABLE: Any = ()
 
 
 class _Checked:
-    """The plan of an answer that reaches a session with deny-subscribe rules: each entry
-    is (session, sub id, its ``Access.denies`` or None), asked per message."""
+    """The plan of an answer that reaches a session with deny-subscribe rules: the
+    (session, sub id) entries grouped by their deny rules (``Access.denials``: sessions with
+    the same ones share them), each group as (its ``denies`` or None, entries), so a message
+    asks each set of rules once."""
 
-    __slots__ = ("entries",)
+    __slots__ = ("groups",)
 
-    def __init__(self, entries: tuple[tuple[Session, int, Any], ...]) -> None:
-        self.entries = entries
+    def __init__(self, groups: tuple[tuple[Any, tuple[tuple[Session, int], ...]], ...]) -> None:
+        self.groups = groups
 
 
 class Broker:
@@ -608,10 +610,11 @@ class Broker:
                 self._sample(message)
             delivered = 0
             if plan.__class__ is _Checked:
-                for session, sub_id, denies in plan.entries:  # type: ignore[union-attr]
+                for denies, entries in plan.groups:  # type: ignore[union-attr]
                     if denies is not None and denies(topic):
-                        counters.acl_denied_deliveries += 1
-                    else:
+                        counters.acl_denied_deliveries += len(entries)
+                        continue
+                    for session, sub_id in entries:
                         delivered += session.deliver(message, sub_id)
             else:
                 for session, sub_id in plan:
@@ -679,7 +682,16 @@ class Broker:
         if not any(session.durable for session in sessions):
             plan = tuple(sessions.items())
             if any(s.acl is not None and s.acl.has_denies for s in sessions):
-                plan = _Checked(tuple((s, sub_id, _denies(s)) for s, sub_id in plan))
+                groups: dict[Any, list[tuple[Session, int]]] = {}
+                for entry in plan:
+                    acl = entry[0].acl
+                    groups.setdefault(acl.denials if acl is not None else None, []).append(entry)
+                plan = _Checked(
+                    tuple(
+                        (None if denials is None else denials.denies, tuple(entries))
+                        for denials, entries in groups.items()
+                    )
+                )
         plans = self._plans
         if len(plans) >= PLANS_MAX:
             plans.clear()
@@ -755,12 +767,6 @@ class Broker:
                 "deliveries": store.deliveries,
             }
         return snapshot
-
-
-def _denies(session: Session) -> Any:
-    """The per-message check of ``session``'s deny-subscribe rules, or None if it has none."""
-    acl = session.acl
-    return acl.denies if acl is not None and acl.has_denies else None
 
 
 def _sessions(targets: frozenset) -> dict[Session, int]:
