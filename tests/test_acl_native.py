@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from broker.client import BrokerError, connect
-from broker.core import Broker
+from broker.core import Broker, Group
 from broker.security import Identity
 from broker.server import Server
 from routing import parse_filter
@@ -350,3 +350,25 @@ def test_a_new_policy_removes_what_it_no_longer_grants_and_tells_the_session() -
     assert [(s, [i for i, _f in r]) for s, r in changed] == [(ann, [lost])]
     assert [[(i, f.text) for i, f in r] for r in told] == [[(lost, "ops/>")]]
     assert list(ann.subs) == [kept]
+
+
+async def test_a_group_message_no_member_may_have_is_settled_without_delivery() -> None:
+    broker = core_broker()
+    group = Group("g", broker.limits, broker.counters, prefetch=8)
+    settled: list[int] = []
+    group.on_denied = settled.append
+    broker.subscribe(group, parse_filter("public/>"))
+    bob, ann = broker.open_session("b"), broker.open_session("a")
+    broker.authorize(bob, BOB, "b")  # bob's deny-subscribe rules match public/hr/...
+    broker.authorize(ann, ANN, "a")
+    group.join(bob)
+    for topic in ("public/hr/pay", "public/news"):
+        broker.publish(topic, b"x")
+    assert (settled, bob.seq, group.pending_messages) == ([1], 0, 1)  # news: bob holds it
+    assert [message.topic for _seq, (message, _sub) in group.members[0].inflight.items()] == [
+        "public/news"
+    ]
+    group.join(ann)  # ann may have what bob may not
+    broker.publish("public/hr/pay", b"y")
+    assert settled == [1] and group.members[1].inflight
+    assert broker.counters.acl_denied_deliveries == 1
