@@ -30,6 +30,8 @@ class Counters:
     subscribes: int = 0
     unsubscribes: int = 0
     retained_sent: int = 0
+    logins: int = 0  # user name and password checked and accepted
+    auth_failures: int = 0  # logins refused: bad credentials, or anonymous when it is off
     errors: Counter[str] = field(default_factory=Counter)
 
     def snapshot(self) -> dict[str, Any]:
@@ -55,5 +57,7 @@ class Counters:
             "subscribes": self.subscribes,
             "unsubscribes": self.unsubscribes,
             "retained_sent": self.retained_sent,
+            "logins": self.logins,
+            "auth_failures": self.auth_failures,
             "errors": dict(self.errors),
         }

@@ -81,6 +81,11 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "retained_sent",
         "Retained messages queued to new subscriptions (from the retained store).",
     ),
+    "logins": ("logins", "Logins with a user name and password that were accepted."),
+    "auth_failures": (
+        "auth_failures",
+        "Logins refused: a bad user name or password, or anonymous access when it is off.",
+    ),
 }
 
 
