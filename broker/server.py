@@ -182,6 +182,8 @@ async def run_broker(
             restored = await broker.load()
             log.info("store opened", data_dir=config.data_dir, durable_sessions=restored)
         server = Server(broker)
+        if broker.logins.users is not None:  # SIGHUP re-reads the users file
+            server.reloadables.append(broker.logins.users)
         listeners = await trio.open_tcp_listeners(config.port, host=config.host)
         mqtt_listeners = await _listen(config.mqtt_listen)
         mqtt_ws_listeners = await _listen(config.mqtt_websocket)

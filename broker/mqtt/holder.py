@@ -14,6 +14,7 @@ from broker.core import Broker
 from broker.mqtt.closing import Closing
 from broker.mqtt.decoder import Decoder
 from broker.mqtt.state import MqttFrontEnd
+from broker.security import Identity
 
 
 class Conn(Protocol):
@@ -24,6 +25,7 @@ class Conn(Protocol):
     decoder: Decoder
     last_heard: float
     requests_nursery: trio.Nursery | None
+    identity: Identity  # who the client proved to be (ANONYMOUS until CONNECT is accepted)
 
     @property
     def shutting_down(self) -> bool: ...
