@@ -31,9 +31,9 @@ key, never a traceback and never a silently ignored typo.
     group_prefetch = 64            # unacked messages a shared-group member may hold
 
     [auth]                         # docs/security.md
-    token = "secret"               # HELLO credentials {"token": ...} must match (not with users)
-    users = "users.toml"           # users and password hashes, written by `topiary passwd`
-    anonymous = false              # clients without credentials (default: only without users)
+    token = "secret"               # HELLO credentials {"token": ...} must match; or instead:
+    # users = "users.toml"         # users and password hashes, written by `topiary passwd`
+    # anonymous = false            # clients without credentials (default: only without users)
     failure_delay = 1.0            # seconds a failed login waits for its refusal
 
     [http]                         # operators' port (docs/operations.md); off unless set
