@@ -116,3 +116,12 @@ def test_hashes_written_are_the_ones_read(tmp_path: Path) -> None:
     text = hash_password(b"pw", **CHEAP)
     write_users(tmp_path / "u.toml", {"alice": (text, ["ops"])})
     assert load_users(tmp_path / "u.toml")["alice"].hash == ScryptHash.parse(text)
+
+
+def test_an_empty_users_file_lets_nobody_in_at_the_default_cost(tmp_path: Path) -> None:
+    path = tmp_path / "users.toml"
+    path.write_text("# nobody yet\n")
+    users = Users(path)
+    assert len(users) == 0
+    assert users.check("alice", b"") is None
+    assert users._decoy.n == 16384
