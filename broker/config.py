@@ -23,6 +23,12 @@ key, never a traceback and never a silently ignored typo.
     dedup_window = 100000          # recent publisher msg_ids remembered to drop repeats (0: off)
     turn_frames = 64               # a connection's frames handled before it checks its turn
     turn_time = 0.0005             # seconds of work after which a busy connection yields
+    max_connections = 0            # client connections at once, all front ends (0: no limit)
+    connection_rate = 0.0          # new connections per second, token bucket (0: no limit)
+    connection_burst = 0           # connections past the rate at once (0: one second's worth)
+    publish_rate = 0.0             # per connection: PUBs per second, token bucket (0: no limit)
+    publish_burst = 0              # PUBs past the rate at once (0: one second's worth)
+    max_subscriptions = 100000     # per client (0: no limit)
 
     [sessions]                     # durable sessions (need data_dir)
     max_messages = 1000000         # pending (unacked) messages per session
@@ -52,6 +58,17 @@ key, never a traceback and never a silently ignored typo.
     backoff_max = 5.0              # longest wait between dial attempts
     queue_messages = 100000        # per link: events queued past this are dropped, counted
     queue_bytes = 67108864         # per link, payload bytes queued
+
+    # Trusted peers (docs/security.md) instead of peers + secret: once a peer is listed,
+    # only listed brokers and observers may link, each with its own credentials.
+    [[peering.peer]]
+    id = "b"                       # its broker id
+    address = "10.0.0.2:7474"      # optional: dial it
+    secret = "pair-secret"         # it presents this, and so do we when dialling it
+    cert = "CN=b"                  # optional: the subject its TLS client certificate must have
+    [[peering.observer]]           # a trusted observer (the Kafka bridge's route watcher)
+    id = "bridge-1"
+    secret = "bridge-secret"
 """
 
 from __future__ import annotations
@@ -63,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.address import DEFAULT_PORT, parse_host_port, parse_listen
+from broker.trust import BROKER, OBSERVER, TrustedPeer, parse_entries
 from broker.wire.buffer import DEFAULT_MAX_FRAME, MAX_LENGTH
 
 #: The most durable sessions /metrics gives series of their own (label cardinality).
@@ -113,6 +131,16 @@ class BrokerConfig:
     peer_backoff_max: float = 5.0
     peer_queue_messages: int = 100_000
     peer_queue_bytes: int = 64 * 1024 * 1024
+    # Trusted peers (broker/trust.py): [[peering.peer]] and [[peering.observer]]
+    trusted_peers: tuple[TrustedPeer, ...] = ()
+    trusted_observers: tuple[TrustedPeer, ...] = ()
+    # Limits against floods (broker/security/floods.py); 0: no limit
+    max_connections: int = 0
+    connection_rate: float = 0.0
+    connection_burst: int = 0
+    publish_rate: float = 0.0
+    publish_burst: int = 0
+    max_subscriptions: int = 100_000
 
     def __post_init__(self) -> None:
         _check(self)
@@ -143,6 +171,12 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "dedup_window": "dedup_window",
         "turn_frames": "turn_frames",
         "turn_time": "turn_time",
+        "max_connections": "max_connections",
+        "connection_rate": "connection_rate",
+        "connection_burst": "connection_burst",
+        "publish_rate": "publish_rate",
+        "publish_burst": "publish_burst",
+        "max_subscriptions": "max_subscriptions",
     },
     "sessions": {
         "max_messages": "session_max_messages",
@@ -167,6 +201,8 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "backoff_max": "peer_backoff_max",
         "queue_messages": "peer_queue_messages",
         "queue_bytes": "peer_queue_bytes",
+        "peer": "trusted_peers",
+        "observer": "trusted_observers",
     },
 }
 
@@ -207,6 +243,14 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "peer_backoff_max": (int, float),
     "peer_queue_messages": (int,),
     "peer_queue_bytes": (int,),
+    "trusted_peers": (tuple,),
+    "trusted_observers": (tuple,),
+    "max_connections": (int,),
+    "connection_rate": (int, float),
+    "connection_burst": (int,),
+    "publish_rate": (int, float),
+    "publish_burst": (int,),
+    "max_subscriptions": (int,),
 }
 
 
@@ -249,6 +293,8 @@ def _check(cfg: BrokerConfig) -> None:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     _check_peering(cfg)
+    _check_trusted(cfg)
+    _check_flood_limits(cfg)
     if cfg.http_listen is not None and parse_listen(cfg.http_listen) is None:
         raise ConfigError(f"http listen must be HOST:PORT, got {cfg.http_listen!r}")
     for name, what in (("mqtt_listen", "mqtt listen"), ("mqtt_websocket", "mqtt websocket")):
@@ -280,6 +326,58 @@ def _check_peering(cfg: BrokerConfig) -> None:
             f"server_id must be 1..256 bytes without spaces or control characters, "
             f"got {cfg.server_id!r}"
         )
+
+
+def _check_trusted(cfg: BrokerConfig) -> None:
+    """[[peering.peer]] and [[peering.observer]]: valid ids, each once, and not mixed with
+    the open mesh's shared settings (broker/trust.py says why)."""
+    seen: set[str] = set()
+    for table, entries, role in (
+        ("peer", cfg.trusted_peers, BROKER),
+        ("observer", cfg.trusted_observers, OBSERVER),
+    ):
+        for entry in entries:
+            if not isinstance(entry, TrustedPeer) or entry.role != role:
+                raise ConfigError(f"[[peering.{table}]] entries must be {role} entries")
+            if not _valid_broker_id(entry.id):
+                raise ConfigError(
+                    f"[[peering.{table}]] id must be 1..256 bytes without spaces or control "
+                    f"characters, got {entry.id!r}"
+                )
+            if entry.id in seen:
+                raise ConfigError(f"[[peering.{table}]] id {entry.id!r} is listed twice")
+            seen.add(entry.id)
+            if cfg.server_id and entry.id == cfg.server_id:
+                raise ConfigError(
+                    f"[[peering.{table}]] id {entry.id!r} is this broker's own server_id"
+                )
+            if entry.address is not None and parse_host_port(entry.address) is None:
+                raise ConfigError(
+                    f"[[peering.{table}]] {entry.id}: address must be HOST:PORT, "
+                    f"got {entry.address!r}"
+                )
+    if cfg.trusted_peers and cfg.peers:
+        raise ConfigError(
+            "[peering] peers cannot be combined with [[peering.peer]]: give each peer to dial "
+            "an address in its [[peering.peer]] entry"
+        )
+    if cfg.trusted_peers and cfg.peer_secret is not None:
+        raise ConfigError(
+            "[peering] secret (one secret for the whole mesh) cannot be combined with "
+            "[[peering.peer]]: each listed peer has its own secret"
+        )
+
+
+def _check_flood_limits(cfg: BrokerConfig) -> None:
+    for name in ("max_connections", "connection_burst", "publish_burst", "max_subscriptions"):
+        if not 0 <= getattr(cfg, name) <= 1_000_000_000:
+            raise ConfigError(
+                f"{name} must be in 0..1000000000 (0: no limit), got {getattr(cfg, name)}"
+            )
+    for name in ("connection_rate", "publish_rate"):
+        value = getattr(cfg, name)
+        if not 0 <= value <= 1e9:  # (also refuses nan and inf)
+            raise ConfigError(f"{name} must be in [0, 1e9] per second (0: no limit), got {value}")
 
 
 def _valid_broker_id(text: str) -> bool:
@@ -315,6 +413,12 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
                 )
             if keys[key] == "peers" and isinstance(value, list):
                 value = tuple(value)  # TOML arrays are lists; the config holds a tuple
+            elif keys[key] in ("trusted_peers", "trusted_observers"):
+                role = BROKER if key == "peer" else OBSERVER
+                try:
+                    value = parse_entries(value, role)
+                except ValueError as exc:
+                    raise ConfigError(f"{path}: {exc}") from None
             overrides[keys[key]] = value
     return overrides
 

@@ -31,6 +31,8 @@ class Counters:
     unsubscribes: int = 0
     retained_sent: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    # refusals by limit against floods (broker/security/floods.py): limit name -> count
+    limit_refused: Counter[str] = field(default_factory=Counter)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -56,4 +58,5 @@ class Counters:
             "unsubscribes": self.unsubscribes,
             "retained_sent": self.retained_sent,
             "errors": dict(self.errors),
+            "limit_refused": dict(self.limit_refused),
         }

@@ -40,6 +40,7 @@ from broker.core.session import OutboundLimits, Session
 from broker.core.sessions import SessionRegistry, run_prefix
 from broker.histogram import Histogram
 from broker.log import get_logger
+from broker.security.floods import FloodGuard
 from broker.store import Pending, Store, StoreError
 
 log = get_logger("topiary.broker")
@@ -66,6 +67,8 @@ class Broker:
         self.server_id = self.config.server_id or f"topiary-{os.getpid()}"
         self.table = routing.SubscriptionTable(cache_size=self.config.match_cache)
         self.counters = Counters()
+        # Limits against floods (connections, rates, subscriptions): the front ends ask it.
+        self.guard = FloodGuard(self.config, self.counters)
         # The busiest topics and filters, sampled (one routed message in ~64; see hot.py).
         self.hot = HotSpots()
         self.connections: set[Any] = set()  # ClientConnection objects, for shutdown

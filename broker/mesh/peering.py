@@ -34,6 +34,9 @@ from broker.mesh.handshake import dial_handshake
 from broker.mesh.link import Keepalive, PeerLink
 from broker.mesh.translate import to_frame, update_from
 from broker.net import Backoff, send_error
+from broker.security import certificate_subject
+from broker.security.throttle import Throttle
+from broker.trust import Trust, TrustedPeer
 from broker.wire.codec import encode_fwd
 from broker.wire.connection import Connection, Role
 from broker.wire.frames import (
@@ -72,6 +75,7 @@ class PeerCounters:
     quota_rejected: int = 0
     links_opened: int = 0
     links_refused: int = 0
+    auth_failures: int = 0  # of those, for their credentials (unknown id, bad secret or cert)
     sync_waits: int = 0
     sync_timeouts: int = 0
 
@@ -100,6 +104,11 @@ class Peering:
         self._changed = trio.Event()
         self._dialled: dict[str, str] = {}  # configured address -> the peer id found there
         self._nursery: trio.Nursery | None = None
+        # Who may link, and with what credentials (broker/trust.py)
+        self.trust = Trust(
+            (*self.config.trusted_peers, *self.config.trusted_observers), self.config.peer_secret
+        )
+        self._refusals_logged = Throttle()
         # Every link, dialled or accepted, is paced and bounded by this broker's config.
         self._new_link = partial(
             PeerLink,
@@ -108,7 +117,7 @@ class Peering:
             max_events=self.config.peer_queue_messages,
             max_event_bytes=self.config.peer_queue_bytes,
         )
-        if self.config.peers:
+        if self.config.peers or self.trust.entries:  # (a listed peer or observer: a mesh)
             self.activate()
 
     # -- local subscriptions ---------------------------------------------------------------
@@ -284,17 +293,16 @@ class Peering:
 
     # -- links -------------------------------------------------------------------------------
 
-    def _check_hello(
-        self, broker_id: str, incarnation: int, version: int, secret: str | None, role: str
-    ) -> RemoteProtocolError | None:
-        if version != PROTOCOL_VERSION:
+    def _check_hello(self, hello: PeerHello, cert: str | None) -> RemoteProtocolError | None:
+        broker_id, incarnation = hello.broker_id, hello.incarnation
+        if hello.version != PROTOCOL_VERSION:
             return RemoteProtocolError(
                 ErrorCode.VERSION_MISMATCH,
-                f"this broker speaks protocol version {PROTOCOL_VERSION}, not {version}",
+                f"this broker speaks protocol version {PROTOCOL_VERSION}, not {hello.version}",
             )
-        expected = self.config.peer_secret
-        if expected is not None and secret != expected:
-            return RemoteProtocolError(ErrorCode.AUTH_FAILED, "bad or missing peer secret")
+        why = self.trust.refusal(broker_id, hello.role, hello.secret, cert)
+        if why is not None:
+            return RemoteProtocolError(ErrorCode.AUTH_FAILED, why)
         if broker_id == self.self_id:
             return RemoteProtocolError(
                 ErrorCode.BROKER_ID_CLASH, f"{broker_id!r} is this broker's own id"
@@ -353,12 +361,23 @@ class Peering:
         self, stream: trio.abc.Stream, proto: Connection, hello: PeerHello, address: str
     ) -> None:
         """A PEER_HELLO arrived on an ordinary connection: answer it and serve the link."""
-        problem = self._check_hello(
-            hello.broker_id, hello.incarnation, hello.version, hello.secret, hello.role
-        )
+        problem = self._check_hello(hello, certificate_subject(stream))
         if problem is not None:
             self.counters.links_refused += 1
-            log.warning("peer refused", peer=hello.broker_id, code=str(problem.code))
+            if problem.code == ErrorCode.AUTH_FAILED:
+                self.counters.auth_failures += 1
+            # A flood of bad PEER_HELLOs is counted in full but logged once per 10 s per id.
+            count = self._refusals_logged.due(f"{hello.role}:{hello.broker_id}")
+            if count:
+                log.warning(
+                    "peer refused",
+                    peer=hello.broker_id,
+                    role=hello.role,
+                    address=address,
+                    code=str(problem.code),
+                    why=problem.text,
+                    refused=count,
+                )
             await send_error(stream, proto, problem)
             return
         # The digest in our welcome must already cover every local filter: an observer (the
@@ -378,7 +397,10 @@ class Peering:
             self._nursery = nursery
             nursery.start_soon(self._flush_loop)
             for address in self.config.peers:
-                nursery.start_soon(self._dial_loop, address)
+                nursery.start_soon(self._dial_loop, address, None)
+            for entry in self.trust.dialled():
+                assert entry.address is not None
+                nursery.start_soon(self._dial_loop, entry.address, entry)
             task_status.started()
 
     def shutdown(self) -> None:
@@ -387,7 +409,9 @@ class Peering:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    async def _dial_loop(self, address: str) -> None:
+    async def _dial_loop(self, address: str, expect: TrustedPeer | None) -> None:
+        """Dial ``address`` for as long as the broker runs: a plain ``peers`` address
+        (``expect`` None), or a listed peer, which must answer with its own id."""
         parsed = parse_host_port(address)
         assert parsed is not None  # checked with the config
         host, port = parsed
@@ -403,7 +427,7 @@ class Peering:
                 log.debug("peer dial failed", address=address, error=str(exc))
             else:
                 try:
-                    opened = await self._dial(stream, address)
+                    opened = await self._dial(stream, address, expect)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     log.info("peer link lost", address=address, error=str(exc))
                 finally:
@@ -412,7 +436,9 @@ class Peering:
                 backoff.reset()
             await backoff.wait()
 
-    async def _dial(self, stream: trio.abc.Stream, address: str) -> bool:
+    async def _dial(
+        self, stream: trio.abc.Stream, address: str, expect: TrustedPeer | None = None
+    ) -> bool:
         """Handshake as the dialler and serve the link; True if the link opened."""
         proto = Connection(Role.PEER, max_frame=self.config.max_frame)
         hello = PeerHello(
@@ -420,7 +446,7 @@ class Peering:
             broker_id=self.self_id,
             incarnation=self.incarnation,
             role=BROKER,
-            secret=self.config.peer_secret,
+            secret=self.trust.dial_secret(expect.id if expect is not None else None),
             digest={o: list(v) for o, v in self.table.digest().items()},
             keepalive=self.config.peer_keepalive,
         )
@@ -434,6 +460,21 @@ class Peering:
             log.error("peer refused us", address=address, code=frame.code, text=frame.text)
             return False
         if frame is None:
+            return False
+        if expect is not None and frame.broker_id != expect.id:
+            # A listed peer's address answered with another id: take no route from it.
+            self.counters.auth_failures += 1
+            log.error(
+                "peer answered with another id", address=address, expected=expect.id,
+                broker_id=frame.broker_id,
+            )  # fmt: skip
+            await send_error(
+                stream,
+                proto,
+                RemoteProtocolError(
+                    ErrorCode.AUTH_FAILED, f"dialled {expect.id!r}, not {frame.broker_id!r}"
+                ),
+            )
             return False
         self._dialled[address] = frame.broker_id
         if frame.broker_id == self.self_id:
