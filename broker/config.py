@@ -52,6 +52,19 @@ key, never a traceback and never a silently ignored typo.
     backoff_max = 5.0              # longest wait between dial attempts
     queue_messages = 100000        # per link: events queued past this are dropped, counted
     queue_bytes = 67108864         # per link, payload bytes queued
+    ca = "ca.crt"                  # tls:// peers: verify their certificate (else system CAs)
+    cert = "peer.crt"              # tls:// peers: our client certificate (mutual TLS)
+    key = "peer.key"
+
+    [tls]                          # TLS listeners (docs/security.md); off unless a listen_* is set
+    cert = "server.crt"            # PEM, with any intermediates after it
+    key = "server.key"             # PEM, unencrypted
+    client_ca = "ca.crt"           # verify client certificates against this CA
+    require_client_cert = false    # true: no handshake without a verified client certificate
+    listen_native = "127.0.0.1:7443"      # native protocol (and peer links) over TLS
+    listen_mqtt = "127.0.0.1:8883"        # MQTT over TLS
+    listen_websocket = "127.0.0.1:8443"   # MQTT over secure WebSocket (wss)
+    listen_http = "127.0.0.1:7481"        # the operators' HTTP port over TLS (https)
 """
 
 from __future__ import annotations
@@ -113,6 +126,17 @@ class BrokerConfig:
     peer_backoff_max: float = 5.0
     peer_queue_messages: int = 100_000
     peer_queue_bytes: int = 64 * 1024 * 1024
+    peer_ca: str | None = None  # CA that tls:// peers' certificates must chain to
+    peer_cert: str | None = None  # our client certificate on tls:// peer links
+    peer_key: str | None = None
+    tls_cert: str | None = None  # PEM files for every TLS listener
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # verify client certificates against this CA
+    tls_require_client_cert: bool = False
+    tls_listen_native: str | None = None  # HOST:PORT for each protocol over TLS; None: off
+    tls_listen_mqtt: str | None = None
+    tls_listen_websocket: str | None = None
+    tls_listen_http: str | None = None
 
     def __post_init__(self) -> None:
         _check(self)
@@ -167,6 +191,19 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "backoff_max": "peer_backoff_max",
         "queue_messages": "peer_queue_messages",
         "queue_bytes": "peer_queue_bytes",
+        "ca": "peer_ca",
+        "cert": "peer_cert",
+        "key": "peer_key",
+    },
+    "tls": {
+        "cert": "tls_cert",
+        "key": "tls_key",
+        "client_ca": "tls_client_ca",
+        "require_client_cert": "tls_require_client_cert",
+        "listen_native": "tls_listen_native",
+        "listen_mqtt": "tls_listen_mqtt",
+        "listen_websocket": "tls_listen_websocket",
+        "listen_http": "tls_listen_http",
     },
 }
 
@@ -207,13 +244,24 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "peer_backoff_max": (int, float),
     "peer_queue_messages": (int,),
     "peer_queue_bytes": (int,),
+    "peer_ca": (str, type(None)),
+    "peer_cert": (str, type(None)),
+    "peer_key": (str, type(None)),
+    "tls_cert": (str, type(None)),
+    "tls_key": (str, type(None)),
+    "tls_client_ca": (str, type(None)),
+    "tls_require_client_cert": (bool,),
+    "tls_listen_native": (str, type(None)),
+    "tls_listen_mqtt": (str, type(None)),
+    "tls_listen_websocket": (str, type(None)),
+    "tls_listen_http": (str, type(None)),
 }
 
 
 def _check(cfg: BrokerConfig) -> None:
     for name, types in _TYPES.items():
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             wanted = " or ".join("none" if t is type(None) else t.__name__ for t in types)
             raise ConfigError(f"{name} must be {wanted}, got {type(value).__name__} {value!r}")
     if not 0 <= cfg.port <= 65535:
@@ -249,6 +297,7 @@ def _check(cfg: BrokerConfig) -> None:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     _check_peering(cfg)
+    _check_tls(cfg)
     if cfg.http_listen is not None and parse_listen(cfg.http_listen) is None:
         raise ConfigError(f"http listen must be HOST:PORT, got {cfg.http_listen!r}")
     for name, what in (("mqtt_listen", "mqtt listen"), ("mqtt_websocket", "mqtt websocket")):
@@ -263,8 +312,11 @@ def _check(cfg: BrokerConfig) -> None:
 
 def _check_peering(cfg: BrokerConfig) -> None:
     for peer in cfg.peers:
-        if not isinstance(peer, str) or parse_host_port(peer) is None:
-            raise ConfigError(f"peers must be HOST:PORT strings, got {peer!r}")
+        address = peer.removeprefix("tls://") if isinstance(peer, str) else peer
+        if not isinstance(address, str) or parse_host_port(address) is None:
+            raise ConfigError(f"peers must be HOST:PORT or tls://HOST:PORT strings, got {peer!r}")
+    if (cfg.peer_cert is None) != (cfg.peer_key is None):
+        raise ConfigError("peering cert and key go together: set both or neither")
     if not 1 <= cfg.hop_limit <= 255:
         raise ConfigError(f"hop_limit must be in 1..255, got {cfg.hop_limit}")
     for name in ("sync_timeout", "peer_keepalive", "peer_backoff_max"):
@@ -280,6 +332,24 @@ def _check_peering(cfg: BrokerConfig) -> None:
             f"server_id must be 1..256 bytes without spaces or control characters, "
             f"got {cfg.server_id!r}"
         )
+
+
+_TLS_LISTENERS = ("listen_native", "listen_mqtt", "listen_websocket", "listen_http")
+
+
+def _check_tls(cfg: BrokerConfig) -> None:
+    """The [tls] table as a whole; the files themselves are read when the broker starts."""
+    listening = [name for name in _TLS_LISTENERS if getattr(cfg, f"tls_{name}") is not None]
+    for name in listening:
+        value = getattr(cfg, f"tls_{name}")
+        if parse_listen(value) is None:
+            raise ConfigError(f"tls {name} must be HOST:PORT, got {value!r}")
+    if (cfg.tls_cert is None) != (cfg.tls_key is None):
+        raise ConfigError("tls cert and key go together: set both or neither")
+    if listening and cfg.tls_cert is None:
+        raise ConfigError(f"tls {listening[0]} needs tls cert and key")
+    if cfg.tls_require_client_cert and cfg.tls_client_ca is None:
+        raise ConfigError("tls require_client_cert needs tls client_ca to verify them with")
 
 
 def _valid_broker_id(text: str) -> bool:

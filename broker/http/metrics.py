@@ -81,6 +81,11 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "retained_sent",
         "Retained messages queued to new subscriptions (from the retained store).",
     ),
+    "tls_handshake_failures": (
+        "tls_handshake_failures",
+        "TLS handshakes that failed on the TLS listeners (plain text, an old version, "
+        "a missing or bad client certificate, too slow).",
+    ),
 }
 
 
@@ -324,6 +329,7 @@ PEER_COUNTERS: dict[str, str] = {
     "links_refused": "Peer links refused.",
     "sync_waits": "Sync SUBs that waited for every reachable broker's ack.",
     "sync_timeouts": "Sync SUBs whose wait timed out.",
+    "tls_dial_failures": "Dials to tls:// peers whose TLS handshake failed (certificate, name).",
 }
 
 
