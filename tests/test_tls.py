@@ -29,21 +29,6 @@ from tests.wire import HELLO, RawClient
 WAIT = 10.0  # seconds any expected event may take on a loaded machine
 
 
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return Pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="session")
-def server_cert(pki: Pki) -> Issued:
-    return pki.server()
-
-
-@pytest.fixture(scope="session")
-def alice(pki: Pki) -> Issued:
-    return pki.client("alice", "example")
-
-
 @pytest.fixture
 def renewable(pki: Pki, server_cert: Issued, tmp_path: Path) -> Iterator[Issued]:
     """A server certificate in files of its own, which a test may overwrite (renewal)."""

@@ -56,6 +56,7 @@ from broker.client.waiters import Batch, BatchPart, Pending, Waiter
 from broker.errors import RemoteProtocolError, refused_for_good
 from broker.log import get_logger
 from broker.net import RECEIVE_SIZE, Backoff, receive_frame
+from broker.security.tls import client_context
 from broker.wire import frames
 from broker.wire.checks import MAX_MSG_ID_BYTES
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
@@ -632,12 +633,8 @@ def tls_context(
 ) -> ssl.SSLContext:
     """A client context: the broker's certificate verified against ``ca`` (else the system's
     CAs) and its name checked, TLS 1.2 or later; ``cert`` and ``key`` for a client
-    certificate."""
-    context = ssl.create_default_context(cafile=ca)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    if cert is not None:
-        context.load_cert_chain(cert, key)
-    return context
+    certificate. A file that cannot be used raises ``ConfigError`` naming it."""
+    return client_context(ca, cert, key)
 
 
 @asynccontextmanager
