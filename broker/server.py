@@ -168,9 +168,7 @@ class Server:
         self._handshaking.add(scope)
         try:
             with scope:
-                secured = await tls.handshake(
-                    stream, self.broker.config.hello_timeout, _peer_name(stream)
-                )
+                secured = await tls.handshake(stream, self.broker.config.hello_timeout)
         finally:
             self._handshaking.discard(scope)
         if not secured:

@@ -186,6 +186,31 @@ async def test_a_silent_client_on_the_tls_port_blocks_nobody_and_times_out(
         await silent.aclose()
 
 
+async def test_shutdown_does_not_wait_for_a_handshake_in_progress(server_cert: Issued) -> None:
+    config = BrokerConfig(port=0, **tls_settings(server_cert, hello_timeout=60.0))
+    async with trio.open_nursery() as nursery:
+        server: Server = await nursery.start(run_broker, config)
+        silent = await trio.open_tcp_stream(*native_tls(server))
+        await wait_for(lambda: len(server._handshaking) == 1)  # its task is in the handshake
+        server.shutdown()
+        with trio.fail_after(WAIT):  # not hello_timeout's 60 s
+            await server.stopped.wait()
+    await silent.aclose()
+
+
+async def test_a_failed_handshake_is_logged_with_the_clients_address(server_cert: Issued) -> None:
+    with structlog.testing.capture_logs() as logs:
+        async with running_broker(**tls_settings(server_cert)) as server:
+            plain = await RawClient.open(native_tls(server), hello=False)
+            await plain.send(HELLO)
+            await plain.read_frame()  # EOF: the broker gave up on it
+            host, port = plain.stream.socket.getsockname()[:2]
+            await plain.aclose()
+    (failed,) = [entry for entry in logs if entry["event"] == "tls handshake failed"]
+    assert failed["peer"] == f"{host}:{port}"
+    assert failed["log_level"] == "info"
+
+
 async def test_a_client_trusting_another_ca_refuses_the_broker(
     server_cert: Issued, tmp_path: Path
 ) -> None:

@@ -110,7 +110,7 @@ class HttpServer:
         """One client, over TLS when ``tls`` (a ``ServerTls``) made the stream: its
         handshake is done here, within ``request_timeout``, not in the accept loop."""
         self.counters.connections += 1
-        if tls is not None and not await tls.handshake(stream, self.request_timeout, "http"):
+        if tls is not None and not await tls.handshake(stream, self.request_timeout):
             await trio.aclose_forcefully(stream)
             return
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_request_head)

@@ -135,7 +135,7 @@ class ServerTls:
         """``stream`` as the server side of TLS under the current context; no I/O yet."""
         return trio.SSLStream(stream, self.context, server_side=True, https_compatible=True)
 
-    async def handshake(self, stream: trio.SSLStream[Any], timeout: float, peer: str) -> bool:
+    async def handshake(self, stream: trio.SSLStream[Any], timeout: float) -> bool:
         """Do ``stream``'s handshake within ``timeout`` seconds; False (counted, logged) if
         it failed: not TLS, an old version, no or a bad client certificate, too slow."""
         reason = f"no TLS handshake within {timeout:g} s"
@@ -146,8 +146,16 @@ class ServerTls:
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 reason = _reason(exc)
         self.counters.tls_handshake_failures += 1
-        log.info("tls handshake failed", peer=peer, error=reason)
+        log.info("tls handshake failed", peer=_address(stream.transport_stream), error=reason)
         return False
+
+
+def _address(stream: trio.abc.Stream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
+    except (AttributeError, OSError, TypeError, ValueError):
+        return "?"
+    return f"{host}:{port}"
 
 
 def _reason(exc: BaseException) -> str:
