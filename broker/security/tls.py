@@ -243,4 +243,6 @@ class ClientTls:
 
 def describe_failure(exc: BaseException) -> str:
     """One line for a failed TLS handshake (a certificate that does not verify, say)."""
+    if isinstance(exc, trio.TooSlowError):
+        return "no TLS handshake within hello_timeout"
     return _reason(exc)
