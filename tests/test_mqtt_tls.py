@@ -73,10 +73,11 @@ def test_paho_publishes_and_subscribes_over_wss(running: Running, pki: Pki) -> N
         publisher.disconnect()
 
 
+@pytest.mark.parametrize(("kind", "transport"), [("mqtt", "tcp"), ("websocket", "websockets")])
 def test_an_mqtt_clients_certificate_subject_reaches_the_broker(
-    running: Running, pki: Pki, alice: Issued
+    running: Running, pki: Pki, alice: Issued, kind: str, transport: str
 ) -> None:
-    client = secure(Paho(port(running, "mqtt"), "alice-mqtt"), pki.ca, alice)
+    client = secure(Paho(port(running, kind), "alice-mqtt", transport=transport), pki.ca, alice)
     assert client.connect()[1] == 0
     try:
         client.ping()

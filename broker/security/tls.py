@@ -139,6 +139,7 @@ class ServerTls:
         """Do ``stream``'s handshake within ``timeout`` seconds; False (counted, logged) if
         it failed: not TLS, an old version, no or a bad client certificate, too slow."""
         reason = f"no TLS handshake within {timeout:g} s"
+        peer = _address(stream.transport_stream)  # now: a client that gave up has none later
         with trio.move_on_after(timeout):
             try:
                 await stream.do_handshake()
@@ -146,7 +147,7 @@ class ServerTls:
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 reason = _reason(exc)
         self.counters.tls_handshake_failures += 1
-        log.info("tls handshake failed", peer=_address(stream.transport_stream), error=reason)
+        log.info("tls handshake failed", peer=peer, error=reason)
         return False
 
 
