@@ -58,6 +58,9 @@ key, never a traceback and never a silently ignored typo.
     backoff_max = 5.0              # longest wait between dial attempts
     queue_messages = 100000        # per link: events queued past this are dropped, counted
     queue_bytes = 67108864         # per link, payload bytes queued
+    ca = "ca.crt"                  # tls:// peers: verify their certificate (else system CAs)
+    cert = "peer.crt"              # tls:// peers: our client certificate (mutual TLS)
+    key = "peer.key"
 
     # Trusted peers (docs/security.md) instead of peers + secret: once a peer is listed,
     # only listed brokers and observers may link, each with its own credentials.
@@ -69,6 +72,16 @@ key, never a traceback and never a silently ignored typo.
     [[peering.observer]]           # a trusted observer (the Kafka bridge's route watcher)
     id = "bridge-1"
     secret = "bridge-secret"
+
+    [tls]                          # TLS listeners (docs/security.md); off unless a listen_* is set
+    cert = "server.crt"            # PEM, with any intermediates after it
+    key = "server.key"             # PEM, unencrypted
+    client_ca = "ca.crt"           # verify client certificates against this CA
+    require_client_cert = false    # true: no handshake without a verified client certificate
+    listen_native = "127.0.0.1:7443"      # native protocol (and peer links) over TLS
+    listen_mqtt = "127.0.0.1:8883"        # MQTT over TLS
+    listen_websocket = "127.0.0.1:8443"   # MQTT over secure WebSocket (wss)
+    listen_http = "127.0.0.1:7481"        # the operators' HTTP port over TLS (https)
 """
 
 from __future__ import annotations
@@ -141,6 +154,17 @@ class BrokerConfig:
     publish_rate: float = 0.0
     publish_burst: int = 0
     max_subscriptions: int = 100_000
+    peer_ca: str | None = None  # CA that tls:// peers' certificates must chain to
+    peer_cert: str | None = None  # our client certificate on tls:// peer links
+    peer_key: str | None = None
+    tls_cert: str | None = None  # PEM files for every TLS listener
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # verify client certificates against this CA
+    tls_require_client_cert: bool = False
+    tls_listen_native: str | None = None  # HOST:PORT for each protocol over TLS; None: off
+    tls_listen_mqtt: str | None = None
+    tls_listen_websocket: str | None = None
+    tls_listen_http: str | None = None
 
     def __post_init__(self) -> None:
         _check(self)
@@ -203,6 +227,19 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "queue_bytes": "peer_queue_bytes",
         "peer": "trusted_peers",
         "observer": "trusted_observers",
+        "ca": "peer_ca",
+        "cert": "peer_cert",
+        "key": "peer_key",
+    },
+    "tls": {
+        "cert": "tls_cert",
+        "key": "tls_key",
+        "client_ca": "tls_client_ca",
+        "require_client_cert": "tls_require_client_cert",
+        "listen_native": "tls_listen_native",
+        "listen_mqtt": "tls_listen_mqtt",
+        "listen_websocket": "tls_listen_websocket",
+        "listen_http": "tls_listen_http",
     },
 }
 
@@ -251,13 +288,24 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "publish_rate": (int, float),
     "publish_burst": (int,),
     "max_subscriptions": (int,),
+    "peer_ca": (str, type(None)),
+    "peer_cert": (str, type(None)),
+    "peer_key": (str, type(None)),
+    "tls_cert": (str, type(None)),
+    "tls_key": (str, type(None)),
+    "tls_client_ca": (str, type(None)),
+    "tls_require_client_cert": (bool,),
+    "tls_listen_native": (str, type(None)),
+    "tls_listen_mqtt": (str, type(None)),
+    "tls_listen_websocket": (str, type(None)),
+    "tls_listen_http": (str, type(None)),
 }
 
 
 def _check(cfg: BrokerConfig) -> None:
     for name, types in _TYPES.items():
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             wanted = " or ".join("none" if t is type(None) else t.__name__ for t in types)
             raise ConfigError(f"{name} must be {wanted}, got {type(value).__name__} {value!r}")
     if not 0 <= cfg.port <= 65535:
@@ -295,6 +343,7 @@ def _check(cfg: BrokerConfig) -> None:
     _check_peering(cfg)
     _check_trusted(cfg)
     _check_flood_limits(cfg)
+    _check_tls(cfg)
     if cfg.http_listen is not None and parse_listen(cfg.http_listen) is None:
         raise ConfigError(f"http listen must be HOST:PORT, got {cfg.http_listen!r}")
     for name, what in (("mqtt_listen", "mqtt listen"), ("mqtt_websocket", "mqtt websocket")):
@@ -309,8 +358,11 @@ def _check(cfg: BrokerConfig) -> None:
 
 def _check_peering(cfg: BrokerConfig) -> None:
     for peer in cfg.peers:
-        if not isinstance(peer, str) or parse_host_port(peer) is None:
-            raise ConfigError(f"peers must be HOST:PORT strings, got {peer!r}")
+        address = peer.removeprefix("tls://") if isinstance(peer, str) else peer
+        if not isinstance(address, str) or parse_host_port(address) is None:
+            raise ConfigError(f"peers must be HOST:PORT or tls://HOST:PORT strings, got {peer!r}")
+    if (cfg.peer_cert is None) != (cfg.peer_key is None):
+        raise ConfigError("peering cert and key go together: set both or neither")
     if not 1 <= cfg.hop_limit <= 255:
         raise ConfigError(f"hop_limit must be in 1..255, got {cfg.hop_limit}")
     for name in ("sync_timeout", "peer_keepalive", "peer_backoff_max"):
@@ -351,10 +403,11 @@ def _check_trusted(cfg: BrokerConfig) -> None:
                 raise ConfigError(
                     f"[[peering.{table}]] id {entry.id!r} is this broker's own server_id"
                 )
-            if entry.address is not None and parse_host_port(entry.address) is None:
+            address = entry.address
+            if address is not None and parse_host_port(address.removeprefix("tls://")) is None:
                 raise ConfigError(
-                    f"[[peering.{table}]] {entry.id}: address must be HOST:PORT, "
-                    f"got {entry.address!r}"
+                    f"[[peering.{table}]] {entry.id}: address must be HOST:PORT or "
+                    f"tls://HOST:PORT, got {address!r}"
                 )
     if cfg.trusted_peers and cfg.peers:
         raise ConfigError(
@@ -378,6 +431,24 @@ def _check_flood_limits(cfg: BrokerConfig) -> None:
         value = getattr(cfg, name)
         if not 0 <= value <= 1e9:  # (also refuses nan and inf)
             raise ConfigError(f"{name} must be in [0, 1e9] per second (0: no limit), got {value}")
+
+
+_TLS_LISTENERS = ("listen_native", "listen_mqtt", "listen_websocket", "listen_http")
+
+
+def _check_tls(cfg: BrokerConfig) -> None:
+    """The [tls] table as a whole; the files themselves are read when the broker starts."""
+    listening = [name for name in _TLS_LISTENERS if getattr(cfg, f"tls_{name}") is not None]
+    for name in listening:
+        value = getattr(cfg, f"tls_{name}")
+        if parse_listen(value) is None:
+            raise ConfigError(f"tls {name} must be HOST:PORT, got {value!r}")
+    if (cfg.tls_cert is None) != (cfg.tls_key is None):
+        raise ConfigError("tls cert and key go together: set both or neither")
+    if listening and cfg.tls_cert is None:
+        raise ConfigError(f"tls {listening[0]} needs tls cert and key")
+    if cfg.tls_require_client_cert and cfg.tls_client_ca is None:
+        raise ConfigError("tls require_client_cert needs tls client_ca to verify them with")
 
 
 def _valid_broker_id(text: str) -> bool:

@@ -8,29 +8,22 @@ listener with certificates made here (``cryptography``).
 from __future__ import annotations
 
 import contextlib
-import datetime
-import ipaddress
 import ssl
 from collections.abc import AsyncIterator
-from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from hypothesis import given
 from hypothesis import strategies as st
 
 from bridges.routes import RouteWatcher
-from broker.config import BrokerConfig, ConfigError, build_config
-from broker.core import Broker
-from broker.mesh import Peering
+from broker.client import tls_context
+from broker.config import ConfigError, build_config
 from broker.server import Server
 from broker.trust import BROKER, OBSERVER, Trust, TrustedPeer
 from broker.wire.frames import PROTOCOL_VERSION
+from tests.certs import Issued, Pki
 from tests.conftest import running_broker
 from tests.test_peering import FAST, peer_hello, reachable, server_text, wait_for
 from tests.wire import RawClient, frame
@@ -335,90 +328,23 @@ async def connect_and_subscribe(server: Server, flt: str) -> AsyncIterator[None]
 # -- mutual TLS ----------------------------------------------------------------------------
 
 
-def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+def tls_listening(pki: Pki, server_cert: Issued) -> dict[str, object]:
+    """Config for a broker whose native TLS port asks for client certificates of ``pki``."""
+    return {
+        "tls_cert": server_cert.cert,
+        "tls_key": server_cert.key,
+        "tls_client_ca": pki.ca,
+        "tls_listen_native": "127.0.0.1:0",
+    }
 
 
-def _certificate(
-    subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, issuer_key, ca: bool = False
-) -> x509.Certificate:  # type: ignore[no-untyped-def]
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(_name(issuer))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if not ca:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-    return builder.sign(issuer_key, hashes.SHA256())
+def client_context(pki: Pki, common_name: str) -> ssl.SSLContext:
+    issued = pki.client(common_name)
+    return tls_context(pki.ca, issued.cert, issued.key)
 
 
-class Pki:
-    """A CA and certificates it signed, as files a ``ssl.SSLContext`` loads."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca = _certificate("test-ca", self.ca_key, "test-ca", self.ca_key, ca=True)
-        self.ca = directory / "ca.crt"
-        self.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-
-    def issue(self, common: str) -> tuple[Path, Path]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = _certificate(common, key, "test-ca", self.ca_key)
-        cert_path = self.directory / f"{common}.crt"
-        key_path = self.directory / f"{common}.key"
-        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        key_path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        return cert_path, key_path
-
-    def server_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.ca)
-        context.load_cert_chain(*self.issue("localhost"))
-        context.verify_mode = ssl.CERT_REQUIRED
-        return context
-
-    def client_context(self, common: str) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)
-        context.load_cert_chain(*self.issue(common))
-        return context
-
-
-@contextlib.asynccontextmanager
-async def broker_behind_tls(config: BrokerConfig, context: ssl.SSLContext) -> AsyncIterator[int]:
-    """A broker whose native port speaks TLS (what the TLS listeners will give every broker);
-    its port."""
-    broker = Broker(config)
-    broker.peering = Peering(broker)
-    server = Server(broker)
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    tls = [trio.SSLListener(listener, context) for listener in listeners]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(broker.peering.run)
-        await nursery.start(partial(server.serve, tls))
-        try:
-            yield port
-        finally:
-            server.shutdown()
-            await server.stopped.wait()
-            nursery.cancel_scope.cancel()
+def tls_port(server: Server) -> int:
+    return server.tls_addresses["native"][0][1]
 
 
 async def tls_peer_hello(port: int, context: ssl.SSLContext, broker_id: str) -> dict:
@@ -434,15 +360,36 @@ async def tls_peer_hello(port: int, context: ssl.SSLContext, broker_id: str) -> 
 
 
 async def test_a_peer_listed_by_certificate_links_with_that_certificate_only(
-    tmp_path: Path,
+    pki: Pki, server_cert: Issued
 ) -> None:
-    pki = Pki(tmp_path)
-    config = BrokerConfig(port=0, server_id="a", trusted_peers=(peer("b", cert="CN=b"),), **FAST)
-    async with broker_behind_tls(config, pki.server_context()) as port:
-        welcome = await tls_peer_hello(port, pki.client_context("b"), "b")
+    settings = tls_listening(pki, server_cert)
+    trusted = (peer("b", cert="CN=b"),)
+    async with running_broker(server_id="a", trusted_peers=trusted, **FAST, **settings) as a:
+        welcome = await tls_peer_hello(tls_port(a), client_context(pki, "b"), "b")
         assert welcome["type"] == "PEER_WELCOME"
-        refused = await tls_peer_hello(port, pki.client_context("x"), "b")
+        refused = await tls_peer_hello(tls_port(a), client_context(pki, "x"), "b")
         assert (refused["code"], refused["text"]) == (
             "AUTH_FAILED",
             "broker 'b' must present certificate 'CN=b', not certificate 'CN=x'",
         )
+
+
+async def test_brokers_dialling_over_mutual_tls_link_by_certificate_alone(
+    pki: Pki, server_cert: Issued
+) -> None:
+    b_cert = pki.both("b")
+    listening = tls_listening(pki, server_cert)
+    async with running_broker(
+        server_id="a", trusted_peers=(peer("b", cert="CN=b"),), **FAST, **listening
+    ) as a:
+        address = f"tls://127.0.0.1:{tls_port(a)}"
+        async with running_broker(
+            server_id="b",
+            trusted_peers=(peer("a", address=address),),
+            peer_ca=pki.ca,
+            peer_cert=b_cert.cert,
+            peer_key=b_cert.key,
+            **FAST,
+        ) as b:
+            await wait_for(lambda: reachable(a) == {"b"} and reachable(b) == {"a"})
+            assert a.broker.peering.counters.auth_failures == 0

@@ -30,6 +30,7 @@ class Counters:
     subscribes: int = 0
     unsubscribes: int = 0
     retained_sent: int = 0
+    tls_handshake_failures: int = 0  # not TLS, an old version, a bad client cert, too slow
     errors: Counter[str] = field(default_factory=Counter)
     # refusals by limit against floods (broker/security/floods.py): limit name -> count
     limit_refused: Counter[str] = field(default_factory=Counter)
@@ -57,6 +58,7 @@ class Counters:
             "subscribes": self.subscribes,
             "unsubscribes": self.unsubscribes,
             "retained_sent": self.retained_sent,
+            "tls_handshake_failures": self.tls_handshake_failures,
             "errors": dict(self.errors),
             "limit_refused": dict(self.limit_refused),
         }

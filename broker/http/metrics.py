@@ -82,6 +82,11 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "retained_sent",
         "Retained messages queued to new subscriptions (from the retained store).",
     ),
+    "tls_handshake_failures": (
+        "tls_handshake_failures",
+        "TLS handshakes that failed on the TLS listeners (plain text, an old version, "
+        "a missing or bad client certificate, too slow).",
+    ),
 }
 
 
@@ -334,6 +339,7 @@ PEER_COUNTERS: dict[str, str] = {
     "auth_failures": "Peer links refused for their credentials (unknown id, bad secret or cert).",
     "sync_waits": "Sync SUBs that waited for every reachable broker's ack.",
     "sync_timeouts": "Sync SUBs whose wait timed out.",
+    "tls_dial_failures": "Dials to tls:// peers whose TLS handshake failed (certificate, name).",
 }
 
 

@@ -25,7 +25,6 @@ from typing import Any
 import trio
 
 import routing
-from broker.address import parse_host_port
 from broker.core import Broker, DurableWork, QuotaExceeded
 from broker.core.message import Message
 from broker.errors import ErrorCode, RemoteProtocolError
@@ -36,6 +35,7 @@ from broker.mesh.translate import to_frame, update_from
 from broker.net import Backoff, send_error
 from broker.security import certificate_subject
 from broker.security.throttle import Throttle
+from broker.security.tls import ClientTls, describe_failure, parse_peer
 from broker.trust import Trust, TrustedPeer
 from broker.wire.codec import encode_fwd
 from broker.wire.connection import Connection, Role
@@ -78,6 +78,7 @@ class PeerCounters:
     auth_failures: int = 0  # of those, for their credentials (unknown id, bad secret or cert)
     sync_waits: int = 0
     sync_timeouts: int = 0
+    tls_dial_failures: int = 0  # dials to tls:// peers whose handshake failed (bad cert, name)
 
 
 class Peering:
@@ -109,6 +110,7 @@ class Peering:
             (*self.config.trusted_peers, *self.config.trusted_observers), self.config.peer_secret
         )
         self._refusals_logged = Throttle()
+        self.tls: ClientTls | None = None  # the context tls:// peers are dialled with
         # Every link, dialled or accepted, is paced and bounded by this broker's config.
         self._new_link = partial(
             PeerLink,
@@ -411,10 +413,11 @@ class Peering:
 
     async def _dial_loop(self, address: str, expect: TrustedPeer | None) -> None:
         """Dial ``address`` for as long as the broker runs: a plain ``peers`` address
-        (``expect`` None), or a listed peer, which must answer with its own id."""
-        parsed = parse_host_port(address)
+        (``expect`` None), or a listed peer, which must answer with its own id; a
+        ``tls://`` address is dialled over TLS."""
+        parsed = parse_peer(address)
         assert parsed is not None  # checked with the config
-        host, port = parsed
+        host, port = parsed.host, parsed.port
         backoff = Backoff(BACKOFF_MIN, self.config.peer_backoff_max)
         while True:
             known = self._dialled.get(address)
@@ -423,8 +426,13 @@ class Peering:
             opened = False
             try:
                 stream = await trio.open_tcp_stream(host, port)
+                if parsed.tls:
+                    stream = await self._secure(stream, host, address)
             except OSError as exc:
                 log.debug("peer dial failed", address=address, error=str(exc))
+            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+                self.counters.tls_dial_failures += 1
+                log.error("peer tls handshake failed", address=address, error=describe_failure(exc))
             else:
                 try:
                     opened = await self._dial(stream, address, expect)
@@ -435,6 +443,15 @@ class Peering:
             if opened:
                 backoff.reset()
             await backoff.wait()
+
+    async def _secure(self, stream: trio.SocketStream, host: str, address: str) -> trio.abc.Stream:
+        """TLS over a dialled ``stream``: the peer's certificate verified, for ``host``."""
+        assert self.tls is not None  # the server makes one when a peer is tls://
+        try:
+            return await self.tls.connect(stream, host, self.config.hello_timeout)
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
 
     async def _dial(
         self, stream: trio.abc.Stream, address: str, expect: TrustedPeer | None = None
