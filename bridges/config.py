@@ -19,8 +19,11 @@ the few settings the bridge's delivery guarantee depends on (see ``_OWNED_KAFKA_
     [broker]
     server = "127.0.0.1:7474"
     token = "secret"               # optional: the broker's [auth] token
-    peer_secret = "mesh-secret"    # optional: the broker's [peering] secret
+    username = "bridge"            # optional: a user of the broker's users file, with
+    password = "..."               #   its password (HELLO credentials of the publisher)
     observer_id = "bridge-1"       # optional: the bridge's id on the route exchange
+    peer_secret = "bridge-secret"  # optional: its [[peering.observer]] secret at the broker
+                                   #   (or the broker's shared [peering] secret)
     bridge_id = "beacons-eu"       # optional: its id in reports (default: "group.id")
     report_interval = 5.0          # seconds between reports to $SYS/bridges/<id> (0: never)
 
@@ -120,6 +123,9 @@ class BridgeConfig:
     server: str
     format: str = "json"
     token: str | None = None
+    #: HELLO credentials of the publishing connection (the broker's users file), both or none
+    username: str | None = None
+    password: str | None = None
     peer_secret: str | None = None
     observer_id: str = field(default_factory=lambda: default_observer_id())
     settings: BridgeSettings = field(default_factory=BridgeSettings)
@@ -140,6 +146,10 @@ class BridgeConfig:
     def report_topic(self) -> str:
         """``$SYS/bridges/<id>``, the id escaped into one topic level."""
         return f"{REPORTS_PREFIX}{encode_level(self.report_id)}"
+
+    def credentials(self) -> dict[str, Any] | None:
+        """The HELLO credentials of the bridge's publishing connection (None: none)."""
+        return hello_credentials(self.token, self.username, self.password)
 
     def consumer_config(self) -> dict[str, Any]:
         return {
@@ -178,6 +188,20 @@ def consumer_only(key: str) -> bool:
     return key.startswith(_CONSUMER_ONLY_PREFIXES)
 
 
+def hello_credentials(
+    token: str | None, username: str | None, password: str | None
+) -> dict[str, Any] | None:
+    """HELLO ``credentials`` from the ``[broker]`` settings: the token and/or the user name
+    and password (the Spark sink, which gets its options as strings, uses it too)."""
+    credentials: dict[str, Any] = {}
+    if token:
+        credentials["token"] = token
+    if username is not None and password is not None:
+        credentials["username"] = username
+        credentials["password"] = password
+    return credentials or None
+
+
 def default_observer_id() -> str:
     return f"bridge-{socket.gethostname()}-{os.getpid()}"
 
@@ -188,6 +212,8 @@ _TABLES: dict[str, dict[str, tuple[type, ...]]] = {
     "broker": {
         "server": (str,),
         "token": (str,),
+        "username": (str,),
+        "password": (str,),
         "peer_secret": (str,),
         "observer_id": (str,),
         "bridge_id": (str,),
@@ -257,7 +283,9 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
     kafka = _check_kafka(document["kafka"])
     source, broker = document["source"], document["broker"]
     _check_nonempty("source", source, ("topic", "dead_letter_topic", "format"))
-    _check_nonempty("broker", broker, ("server", "observer_id", "bridge_id"))
+    _check_nonempty("broker", broker, ("server", "observer_id", "bridge_id", "username"))
+    if ("username" in broker) != ("password" in broker):
+        raise ConfigError("[broker] username and password go together: give both or neither")
     fmt = source.get("format", "json")
     if fmt not in FORMATS:
         raise ConfigError(f"[source] format must be 'json' or 'msgpack', got {fmt!r}")
@@ -288,6 +316,8 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
         template=template,
         server=broker["server"],
         token=broker.get("token"),
+        username=broker.get("username"),
+        password=broker.get("password"),
         peer_secret=broker.get("peer_secret"),
         settings=settings,
         spark=spark,

@@ -212,7 +212,7 @@ class Bridge:
         sent again, and their message ids make the repeats harmless.
         """
         config = self.config
-        credentials = {"token": config.token} if config.token is not None else None
+        credentials = config.credentials()
         backoff = 0.1
         while not self._stopping.is_set():
             try:

@@ -1,7 +1,9 @@
 """The ``topiary`` command: serve, pub, sub, stats, sessions, routes.
 
 Client commands find the broker with ``--server HOST:PORT``, else the
-``TOPIARY_SERVER`` environment variable, else 127.0.0.1:7474. They log in with
+``TOPIARY_SERVER`` environment variable, else 127.0.0.1:7474; they speak TLS with
+``--tls`` or ``--ca FILE`` (``--cert``/``--key`` for a client certificate; or the
+variables ``TOPIARY_CA``, ``TOPIARY_CERT``, ``TOPIARY_KEY``). They log in with
 ``--username`` (else ``TOPIARY_USERNAME``) and the first line of ``--password-file`` (else
 ``TOPIARY_PASSWORD``); never a password on the command line. Every bad
 argument is one line on stderr and exit status 2; a failure at run time (the
@@ -86,6 +88,41 @@ def _host_port(text: str) -> str:
     return text.strip()
 
 
+def _add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """A client command's TLS options; the environment gives the defaults."""
+    tls = parser.add_argument_group("TLS")
+    tls.add_argument(
+        "--tls",
+        action="store_true",
+        help="speak TLS; the broker's certificate is verified (system CAs, or --ca) and must "
+        "name the host dialled",
+    )
+    environ = os.environ
+    for flag, variable, what in (
+        ("--ca", "TOPIARY_CA", "CA certificates to verify the broker with (implies --tls)"),
+        ("--cert", "TOPIARY_CERT", "client certificate to present (implies --tls; with --key)"),
+        ("--key", "TOPIARY_KEY", "the client certificate's private key"),
+    ):
+        tls.add_argument(
+            flag, metavar="FILE", default=environ.get(variable) or None, help=f"{what}; ${variable}"
+        )
+
+
+def _tls(args: argparse.Namespace) -> Any:
+    """The client TLS context the arguments ask for, or None for plain TCP."""
+    if not (args.tls or args.ca or args.cert or args.key):
+        return None
+    if (args.cert is None) != (args.key is None):
+        raise UsageError("--cert and --key go together")
+    from broker.client import tls_context
+    from broker.config import ConfigError
+
+    try:
+        return tls_context(args.ca, args.cert, args.key)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="topiary", description="A smart event broker gateway.")
     parser.add_argument("--version", action="version", version="topiary 0.1.0")
@@ -144,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pub = commands.add_parser("pub", help="publish messages")
     pub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(pub)
     pub.add_argument("--confirm", action="store_true", help="wait for the broker's PUBACK")
     pub.add_argument(
         "--retain",
@@ -155,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = commands.add_parser("sub", help="print messages as JSON lines")
     sub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(sub)
     sub.add_argument("--dialect", choices=["native", "mqtt"], default="native")
     sub.add_argument("--count", type=_positive_int, help="exit 0 after N messages")
     sub.add_argument(
@@ -190,17 +229,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = commands.add_parser("stats", help="print the broker's counters as JSON")
     stats.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(stats)
 
     routes = commands.add_parser("routes", help="print the broker's route table as JSON")
     routes.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(routes)
 
     sessions = commands.add_parser("sessions", help="print the durable sessions as JSON")
     sessions.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(sessions)
 
     session = commands.add_parser("session", help="manage one durable session")
     actions = session.add_subparsers(dest="action", required=True, parser_class=_Parser)
     drop = actions.add_parser("drop", help="delete a durable session and its stored messages")
     drop.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(drop)
     drop.add_argument("client_id", metavar="ID")
 
     for client_command in (pub, sub, stats, routes, sessions, drop):
@@ -317,6 +360,10 @@ def _describe(exc: BaseException) -> str:
         return f"connection lost: {exc}"
     if isinstance(exc, OSError):
         return f"cannot reach the broker: {exc.strerror or exc}"
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        from broker.security.tls import describe_failure
+
+        return f"TLS handshake failed: {describe_failure(exc)}"
     if isinstance(exc, trio.TooSlowError):
         return "timed out"
     from broker.store import StoreError
@@ -415,7 +462,7 @@ async def _pub(args: argparse.Namespace) -> int:
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server, **args.login) as client:
+    async with connect(args.server, tls=_tls(args), **args.login) as client:
         if args.message is not None:
             await client.publish(
                 args.topic, os.fsencode(args.message), confirm=args.confirm, retain=args.retain
@@ -456,6 +503,7 @@ async def _sub(args: argparse.Namespace) -> int:
                 client_id=args.client_id,
                 durable=args.durable,
                 group=args.group,
+                tls=_tls(args),
                 **args.login,
             ) as client,
             AsyncExitStack() as stack,
@@ -509,7 +557,7 @@ async def _print_query(args: argparse.Namespace, query: str, *, sort_keys: bool 
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server, **args.login) as client:
+    async with connect(args.server, tls=_tls(args), **args.login) as client:
         answer = await getattr(client, query)()
     print(json.dumps(answer, indent=2, sort_keys=sort_keys))
     return 0
@@ -519,7 +567,7 @@ async def _session_drop(args: argparse.Namespace) -> int:
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server, **args.login) as client:
+    async with connect(args.server, tls=_tls(args), **args.login) as client:
         dropped = await client.drop_session(args.client_id)
     if not dropped:
         print(f"topiary session drop: no durable session {args.client_id!r}", file=sys.stderr)

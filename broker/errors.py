@@ -138,8 +138,9 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
             "The receiver does not speak the protocol version in HELLO or PEER_HELLO."
         ),
         _C.AUTH_FAILED: (
-            "The credentials in HELLO were refused, or the secret in PEER_HELLO is not the "
-            "listener's `peer_secret`."
+            "The credentials in HELLO were refused; or PEER_HELLO came from a broker or "
+            "observer the listener does not list, or without its secret or certificate (or "
+            "not with the mesh's shared `secret`); or a dialled peer answered with another id."
         ),
         _C.UNKNOWN_SUBSCRIPTION: "UNSUB named a subscription id this session does not hold.",
         _C.PAYLOAD_TOO_LARGE: "A PUB payload exceeds the broker's payload limit.",

@@ -3,24 +3,18 @@ failure delay and counters, reloads. Real sockets, real TLS, real files."""
 
 from __future__ import annotations
 
-import datetime
 import ssl
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
-from broker.client import BrokerError, connect
+from broker.client import BrokerError, connect, tls_context
 from broker.config import BrokerConfig, ConfigError
 from broker.core import Broker
 from broker.security import ANONYMOUS, Identity
 from broker.server import Server
+from tests.certs import Issued, Pki
 from tests.conftest import running_broker
 from tests.test_users import make_users
 from tests.wire import RawClient, frame
@@ -228,125 +222,50 @@ def test_auth_keys_load_from_a_config_file(tmp_path: Path) -> None:
     )
 
 
-# -- client certificates --------------------------------------------------------------------
+# -- client certificates (the broker's TLS listener; tests/certs.py) -------------------------
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "topiary tests"),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
-    )
-
-
-def _certificate(
-    subject: str, key: ec.EllipticCurvePrivateKey, issuer: tuple[x509.Name, object] | None
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    issuer_name, issuer_key = issuer if issuer else (_name(subject), key)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-    )
-    if subject == "localhost":
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False
-        )
-    return builder.sign(issuer_key, hashes.SHA256())  # type: ignore[arg-type]
-
-
-def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
-    path.with_suffix(".crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    path.with_suffix(".key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-
-
-@pytest.fixture
-def pki(tmp_path: Path) -> Path:
-    """A CA, a server certificate for localhost and a client certificate for device-1."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = _certificate("test CA", ca_key, None)
-    _write(tmp_path / "ca", ca, ca_key)
-    for name, file in (("localhost", "server"), ("device-1", "client")):
-        key = ec.generate_private_key(ec.SECP256R1())
-        _write(tmp_path / file, _certificate(name, key, (ca.subject, ca_key)), key)
-    return tmp_path
-
-
-@asynccontextmanager
-async def tls_broker(pki: Path, **settings: object) -> AsyncIterator[tuple[Server, Address]]:
-    """A broker whose native listener speaks TLS and asks for (optional) client
-    certificates verified against the test CA."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(pki / "server.crt", pki / "server.key")
-    context.load_verify_locations(pki / "ca.crt")
-    context.verify_mode = ssl.CERT_OPTIONAL
-    broker = Broker(BrokerConfig(port=0, **settings))  # type: ignore[arg-type]
-    server = Server(broker)
-    (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, [trio.SSLListener(listener, context)])
-        try:
-            yield server, listener.socket.getsockname()[:2]
-        finally:
-            server.shutdown()
-
-
-async def tls_hello(address: Address, pki: Path, *, certificate: bool, **hello: object) -> dict:
-    context = ssl.create_default_context(cafile=pki / "ca.crt")
-    if certificate:
-        context.load_cert_chain(pki / "client.crt", pki / "client.key")
-    tcp = await trio.open_tcp_stream(*address)
-    raw = RawClient(trio.SSLStream(tcp, context, server_hostname="localhost"))  # type: ignore[arg-type]
-    await raw.send(frame({"type": "HELLO", "version": 1, **hello}))
-    with trio.fail_after(5):
-        reply = await raw.read_frame()
-    await raw.aclose()
-    return reply
+def tls_settings(pki: Pki, server_cert: Issued, **more: object) -> dict[str, object]:
+    return {
+        "tls_cert": server_cert.cert,
+        "tls_key": server_cert.key,
+        "tls_client_ca": pki.ca,
+        "tls_listen_native": "127.0.0.1:0",
+        **more,
+    }
 
 
 async def test_a_verified_client_certificate_is_an_identity_when_anonymous_is_off(
-    pki: Path, users_file: Path
+    pki: Pki, server_cert: Issued, alice: Issued, users_file: Path
 ) -> None:
-    async with tls_broker(pki, auth_users=str(users_file), auth_failure_delay=FAST) as (
-        _server,
-        address,
-    ):
-        reply = await tls_hello(address, pki, certificate=True, client_id="dev")
-        assert reply["type"] == "WELCOME"
-        refused = await tls_hello(address, pki, certificate=False)
-        assert (refused["type"], refused["code"]) == ("ERROR", "AUTH_FAILED")
+    settings = tls_settings(pki, server_cert, auth_users=str(users_file), auth_failure_delay=FAST)
+    async with running_broker(**settings) as server:
+        address = server.tls_addresses["native"][0]
+        with_cert = tls_context(pki.ca, alice.cert, alice.key)
+        async with connect(address, client_id="dev", tls=with_cert) as client:
+            await client.ping()
+            assert identity_of(server, "dev") == Identity(cert="CN=alice,O=example")
+        error = await refusal_over(address, tls_context(pki.ca))
+        assert error.code == "AUTH_FAILED" and "anonymous access is off" in error.text
 
 
 async def test_a_certificate_and_a_password_make_one_identity_with_both(
-    pki: Path, users_file: Path, monkeypatch: pytest.MonkeyPatch
+    pki: Pki, server_cert: Issued, alice: Issued, users_file: Path
 ) -> None:
-    seen: list[Identity] = []
-    async with tls_broker(pki, auth_users=str(users_file)) as (server, address):
-        login = server.broker.logins.login
+    async with running_broker(**tls_settings(pki, server_cert, auth_users=str(users_file))) as (
+        server
+    ):
+        address = server.tls_addresses["native"][0]
+        context = tls_context(pki.ca, alice.cert, alice.key)
+        async with connect(address, client_id="b", tls=context, username="bob", password="b") as c:
+            await c.ping()
+            identity = identity_of(server, "b")
+    assert identity == Identity(user="bob", cert="CN=alice,O=example")
+    assert identity.owner == "user:bob"
 
-        async def noted(**kwargs: object) -> Identity:
-            identity = await login(**kwargs)  # type: ignore[arg-type]
-            seen.append(identity)
-            return identity
 
-        monkeypatch.setattr(server.broker.logins, "login", noted)
-        await tls_hello(address, pki, certificate=True)
-        await tls_hello(
-            address, pki, certificate=True, credentials={"username": "bob", "password": "b"}
-        )
-    subject = "CN=device-1,O=topiary tests"
-    assert seen == [Identity(cert=subject), Identity(user="bob", cert=subject)]
-    assert [identity.owner for identity in seen] == [f"cert:{subject}", "user:bob"]
+async def refusal_over(address: Address, context: ssl.SSLContext) -> BrokerError:
+    with pytest.raises(BrokerError) as info:
+        async with connect(address, tls=context):
+            pass
+    return info.value

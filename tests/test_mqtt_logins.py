@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from broker.security import ANONYMOUS, Identity
+from tests.certs import Issued, Pki
 from tests.mqttkit import Paho, Running, broker_in_thread
 from tests.mqttraw import Raw
 from tests.test_users import make_users
@@ -152,3 +153,33 @@ def test_another_identity_can_neither_resume_nor_clean_a_stored_session(
         assert flags.session_present
     finally:
         again.disconnect()
+
+
+@pytest.mark.parametrize("transport", ["mqtt", "websocket"])
+def test_a_client_certificate_over_mqtts_or_wss_is_an_identity_when_anonymous_is_off(
+    pki: Pki, server_cert: Issued, alice: Issued, tmp_path: Path, transport: str
+) -> None:
+    users = make_users(tmp_path / "users.toml", bob=("b", []))
+    with broker_in_thread(
+        auth_users=str(users),
+        auth_failure_delay=0.05,
+        tls_cert=server_cert.cert,
+        tls_key=server_cert.key,
+        tls_client_ca=pki.ca,
+        tls_listen_mqtt="127.0.0.1:0",
+        tls_listen_websocket="127.0.0.1:0",
+    ) as running:
+        port = running.server.tls_addresses[transport][0][1]
+        kind = "websockets" if transport == "websocket" else "tcp"
+        device = Paho(port, f"dev-{transport}", transport=kind)
+        device.client.tls_set(ca_certs=pki.ca, certfile=alice.cert, keyfile=alice.key)
+        stranger = Paho(port, f"anon-{transport}", transport=kind)
+        stranger.client.tls_set(ca_certs=pki.ca)
+        try:
+            assert device.connect()[1].value == 0  # type: ignore[union-attr]
+            device.ping()
+            assert identity_of(running, f"dev-{transport}") == Identity(cert="CN=alice,O=example")
+            assert stranger.connect()[1].value == NOT_AUTHORIZED  # type: ignore[union-attr]
+        finally:
+            device.disconnect()
+            stranger.disconnect()

@@ -59,6 +59,9 @@ def sink_options(config: BridgeConfig) -> dict[str, str]:
     }
     if config.token is not None:
         options["token"] = config.token
+    if config.username is not None and config.password is not None:
+        options["username"] = config.username
+        options["password"] = config.password
     for key, value in config.producer_config().items():
         options[f"kafka.{key}"] = str(value).lower() if isinstance(value, bool) else str(value)
     return options

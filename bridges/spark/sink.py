@@ -14,7 +14,8 @@ Rows (columns by name): ``topic`` (STRING; NULL for a malformed record), ``value
 ``topic/partition/offset``; without it a dead letter's source is ``msg_id`` without its
 ``kafka/`` prefix).
 
-Options: ``server`` (HOST:PORT, required), ``token``, ``backoff_max`` (seconds),
+Options: ``server`` (HOST:PORT, required), ``token``, ``username`` with ``password``
+(HELLO credentials), ``backoff_max`` (seconds),
 ``dead_letter_topic`` with ``kafka.*`` settings for its producer, ``filters`` (JSON
 ``[[text, dialect], ...]``): when given, rows whose topic matches none are dropped here
 (``routing.SubscriptionTable`` over the Arrow batch) instead of by the query, and
@@ -192,9 +193,12 @@ async def _connect(stack: Any, options: dict[str, str], backoff_max: float) -> A
     with it the query, loudly."""
     import trio
 
+    from bridges.config import hello_credentials
     from broker.client import BrokerError, ConnectionLost, connect, worth_retrying
 
-    credentials = {"token": options["token"]} if options.get("token") else None
+    credentials = hello_credentials(
+        options.get("token"), options.get("username"), options.get("password")
+    )
     delay = 0.1
     while True:
         try:

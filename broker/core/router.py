@@ -40,6 +40,7 @@ from broker.core.session import OutboundLimits, Session
 from broker.core.sessions import NotOwner, SessionRegistry, may_own, run_prefix
 from broker.histogram import Histogram
 from broker.log import get_logger
+from broker.security.floods import FloodGuard
 from broker.security.logins import Logins
 from broker.store import Pending, Store, StoreError
 
@@ -69,6 +70,8 @@ class Broker:
         self.counters = Counters()
         # Who may connect (users file, anonymous access): raises ConfigError for a bad file.
         self.logins = Logins(self.config, self.counters)
+        # Limits against floods (connections, rates, subscriptions): the front ends ask it.
+        self.guard = FloodGuard(self.config, self.counters)
         # The busiest topics and filters, sampled (one routed message in ~64; see hot.py).
         self.hot = HotSpots()
         self.connections: set[Any] = set()  # ClientConnection objects, for shutdown

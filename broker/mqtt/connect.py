@@ -33,6 +33,7 @@ from broker.mqtt.state import NEVER, ClientState
 from broker.mqtt.subscriptions import Options
 from broker.net import RECEIVE_SIZE
 from broker.security import ANONYMOUS, Identity, certificate_subject
+from broker.security.floods import MAX_CONNECTIONS, REFUSED_HELLO_TIMEOUT
 from broker.security.logins import LoginRefused
 from broker.store import StoreError
 
@@ -71,7 +72,10 @@ async def accept_connect(conn: Conn) -> Accepted | None:
     broker = conn.broker
     decoder = conn.decoder
     packet = None
-    with trio.move_on_after(broker.config.hello_timeout):
+    timeout = broker.config.hello_timeout
+    if conn.refusal is not None:  # only long enough to say why in its protocol version
+        timeout = min(timeout, REFUSED_HELLO_TIMEOUT)
+    with trio.move_on_after(timeout):
         while packet is None:
             try:
                 packet = decoder.next_packet()
@@ -118,6 +122,11 @@ async def _open(conn: Conn, connect: Connect) -> Accepted:
     frontend = conn.mqtt
     v5 = connect.protocol_level == 5
     props = connect.properties
+    refusal = conn.refusal
+    if refusal is not None:  # a limit against floods (3.1.1: Server unavailable)
+        if refusal.limit == MAX_CONNECTIONS:
+            raise _Refused(R.QUOTA_EXCEEDED, refusal.text)
+        raise _Refused(R.CONNECTION_RATE_EXCEEDED, refusal.text)
     if v5 and props.authentication_method is not None:
         raise _Refused(R.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
     if config.auth_token is not None:

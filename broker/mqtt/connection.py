@@ -37,6 +37,7 @@ from broker.mqtt.state import MqttFrontEnd
 from broker.native.keepalive import KeepaliveSweeper
 from broker.net import RECEIVE_SIZE, linger
 from broker.security import ANONYMOUS
+from broker.security.floods import Refusal
 
 ERROR_FLUSH_SECONDS = 1.0
 BATCH_BYTES = 256 * 1024
@@ -85,6 +86,7 @@ class MqttConnection:
         self._last_word_due = trio.Event()
         self.outbound: Outbound | None = None
         self.requests_nursery: trio.Nursery | None = None  # where acks are stored from
+        self.refusal: Refusal | None = None  # past a limit against floods (set in run)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -94,6 +96,7 @@ class MqttConnection:
         broker.counters.connections_total += 1
         self.mqtt.counters.connections_total += 1
         self.last_heard = trio.current_time()
+        self.refusal = broker.guard.admit()  # (past a limit: refused in CONNACK)
         try:
             if self.websocket:
                 from broker.mqtt.websocket import WebSocketRefused, accept_websocket
@@ -113,6 +116,8 @@ class MqttConnection:
             self.accepted = accepted
             await self._serve(accepted)
         finally:
+            if self.refusal is None:
+                broker.guard.leave()
             broker.connections.discard(self)
             await trio.aclose_forcefully(self.stream)
 

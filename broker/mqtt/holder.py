@@ -15,6 +15,7 @@ from broker.mqtt.closing import Closing
 from broker.mqtt.decoder import Decoder
 from broker.mqtt.state import MqttFrontEnd
 from broker.security import Identity
+from broker.security.floods import Refusal
 
 
 class Conn(Protocol):
@@ -26,6 +27,7 @@ class Conn(Protocol):
     last_heard: float
     requests_nursery: trio.Nursery | None
     identity: Identity  # who the client proved to be (ANONYMOUS until CONNECT is accepted)
+    refusal: Refusal | None  # a limit against floods refused it: CONNACK says so
 
     @property
     def shutting_down(self) -> bool: ...

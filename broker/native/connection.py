@@ -129,10 +129,13 @@ class ClientConnection:
         broker.connections.add(self)
         broker.counters.connections_total += 1
         self.last_heard = trio.current_time()
+        refusal = broker.guard.admit()  # (past a limit: refused after its HELLO, below)
         try:
             opened = None
             with self._handshake_scope:  # type: ignore[union-attr]
-                opened = await handshake(broker, self.stream, self.proto, self, self.peer)
+                opened = await handshake(
+                    broker, self.stream, self.proto, self, self.peer, refusal=refusal
+                )
             self._handshake_scope = None
             if isinstance(opened, PeerHello):  # a broker or an observer: peering takes over
                 if not self.ending.shutdown:
@@ -163,6 +166,8 @@ class ClientConnection:
                 finally:
                     self._release(session, requests.member)
         finally:
+            if refusal is None:
+                broker.guard.leave()
             broker.connections.discard(self)
             await trio.aclose_forcefully(self.stream)
 

@@ -17,6 +17,7 @@ from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.net import receive_frame, send_error
 from broker.security import ANONYMOUS, Identity, certificate_subject
+from broker.security.floods import MAX_CONNECTIONS, REFUSED_HELLO_TIMEOUT, Refusal
 from broker.security.logins import LoginRefused
 from broker.store import StoreError
 from broker.wire.connection import Connection
@@ -45,11 +46,19 @@ async def handshake(
     proto: Connection,
     holder: Holder,
     peer: str = "?",
+    *,
+    refusal: Refusal | None = None,
 ) -> Opened | PeerHello | None:
     """Read the first frame and answer it: ``Opened`` for a client, the ``PeerHello`` of a
     broker or observer (the mesh takes the stream), or None when the connection is over
-    (EOF, or refused with ERROR). ``holder`` is what a durable session is attached to."""
+    (EOF, or refused with ERROR). ``holder`` is what a durable session is attached to.
+    ``refusal``: a limit against floods refused the connection (``FloodGuard.admit``); a
+    client's HELLO is answered with ERROR LIMIT_EXCEEDED or RATE_LIMITED, before its
+    credentials are looked at; a peer's PEER_HELLO is not subject to client limits."""
     config = broker.config
+    hello_timeout = config.hello_timeout
+    if refusal is not None:
+        hello_timeout = min(hello_timeout, REFUSED_HELLO_TIMEOUT)
     heard = trio.current_time()
 
     async def receive(size: int) -> bytes:
@@ -62,7 +71,7 @@ async def handshake(
         return data
 
     frame: Frame | None = None
-    with trio.move_on_after(config.hello_timeout) as waiting:
+    with trio.move_on_after(hello_timeout) as waiting:
         try:
             frame = await receive_frame(proto, receive)
         except RemoteProtocolError as exc:
@@ -73,9 +82,7 @@ async def handshake(
             broker,
             stream,
             proto,
-            RemoteProtocolError(
-                ErrorCode.IDLE_TIMEOUT, f"no HELLO within {config.hello_timeout} s"
-            ),
+            RemoteProtocolError(ErrorCode.IDLE_TIMEOUT, f"no HELLO within {hello_timeout} s"),
         )
         return None
     if frame is None:
@@ -83,6 +90,12 @@ async def handshake(
     if isinstance(frame, PeerHello):
         return frame
     assert isinstance(frame, Hello)
+    if refusal is not None:
+        code = (
+            ErrorCode.LIMIT_EXCEEDED if refusal.limit == MAX_CONNECTIONS else ErrorCode.RATE_LIMITED
+        )
+        await _refuse(broker, stream, proto, RemoteProtocolError(code, refusal.text))
+        return None
     problem = check_hello(broker, frame)
     if problem is not None:
         await _refuse(broker, stream, proto, problem)

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+import trio
+
 import routing
 from broker.core import Broker, DurableWork, Group, Member, NotOwner, QuotaExceeded, Session
 from broker.core.session import flush_wakes, hold_wakes
@@ -80,6 +82,7 @@ class Requests:
         self.member: Member | None = None
         self._joining = joining  # the group to join once the first request is answered
         self._later: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
+        self._publish_bucket = broker.guard.publish_bucket()  # None: no publish rate limit
 
     async def handle(self, events: list[Any]) -> Stop:
         """Handle the events of one read (``Connection.next_events``), in order.
@@ -166,9 +169,14 @@ class Requests:
         frames = events[start:end]
         broker = self.broker
         session = self.session
+        refused: list[bytes] = []
+        if broker.guard.subscriptions_full(len(session.subs) + len(frames)):
+            room = max(0, broker.guard.max_subscriptions - len(session.subs))
+            refused = [self._over_limit(frame.id) for frame in frames[room:]]
+            frames = frames[:room]
         sub_ids = broker.subscribe_many(session, [frame.parsed for frame in frames])
         replies = map(self.proto.send_suback, [frame.id for frame in frames], sub_ids)
-        session.send_control(b"".join(replies))
+        session.send_control(b"".join(replies) + b"".join(refused))
         if len(broker.retained):  # (the SUBACKs go ahead of the MSGs: control frames)
             for frame, sub_id in zip(frames, sub_ids, strict=True):
                 if frame.retained:
@@ -202,6 +210,11 @@ class Requests:
 
     def _pub(self, frame: Pub) -> None:
         broker = self.broker
+        bucket = self._publish_bucket
+        if bucket is not None and not bucket.take(trio.current_time()):
+            text = broker.guard.publish_refused(self.session.client_id)
+            self._refuse(RemoteProtocolError(ErrorCode.RATE_LIMITED, text, ref=frame.id))
+            return
         if len(frame.payload) > broker.config.max_payload:
             self._refuse(
                 RemoteProtocolError(
@@ -237,6 +250,9 @@ class Requests:
         owner = (
             session if self.member is None and self._joining is None else self._owner()
         )  # (most sessions are nobody's group member: no call for them)
+        if broker.guard.subscriptions_full(len(owner.subs)):
+            self.session.send_control(self._over_limit(frame.id))
+            return
         sub_id = broker.subscribe(owner, frame.parsed)
         reply = self.proto.send_suback(frame.id, sub_id)
         sync = frame.sync and broker.peering.active
@@ -253,6 +269,13 @@ class Requests:
                 self._later.append((self._send_retained, (owner, sub_id, frame.parsed)))
             else:  # the SUBACK (a control frame) goes ahead of them
                 broker.deliver_retained_nowait(owner, sub_id, frame.parsed)
+
+    def _over_limit(self, request_id: int) -> bytes:
+        """The ERROR for a SUB past the client's ``max_subscriptions`` (counted)."""
+        text = self.broker.guard.subscriptions_refused(self.session.client_id)
+        exc = RemoteProtocolError(ErrorCode.LIMIT_EXCEEDED, text, ref=request_id)
+        self.broker.counters.errors[str(exc.code)] += 1
+        return self.proto.send(Error.from_exception(exc))
 
     def _unsub(self, frame: Unsub) -> None:
         owner = self._owner()
