@@ -162,8 +162,11 @@ def test_serve_stops_with_one_line_for_a_bad_users_file(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    users = make_users(tmp_path_factory.mktemp("cli") / "users.toml", alice=("wonder", []))
-    with serving("--users", str(users)) as server:
+    directory = tmp_path_factory.mktemp("cli")
+    users = make_users(directory / "users.toml", alice=("wonder", []))
+    config = directory / "topiary.toml"
+    config.write_text(f'[auth]\nusers = "{users}"\nfailure_delay = 0.05\n')
+    with serving("--config", str(config)) as server:
         yield server
 
 
