@@ -3,7 +3,9 @@
 Client commands find the broker with ``--server HOST:PORT``, else the
 ``TOPIARY_SERVER`` environment variable, else 127.0.0.1:7474; they speak TLS with
 ``--tls`` or ``--ca FILE`` (``--cert``/``--key`` for a client certificate; or the
-variables ``TOPIARY_CA``, ``TOPIARY_CERT``, ``TOPIARY_KEY``). Every bad
+variables ``TOPIARY_CA``, ``TOPIARY_CERT``, ``TOPIARY_KEY``). They log in with
+``--username`` (else ``TOPIARY_USERNAME``) and the first line of ``--password-file`` (else
+``TOPIARY_PASSWORD``); never a password on the command line. Every bad
 argument is one line on stderr and exit status 2; a failure at run time (the
 broker is unreachable, refused a request, a timeout) is one line and status 1.
 """
@@ -171,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECRET",
         help="shared secret that peer links must present (PEER_HELLO)",
     )
+    serve.add_argument(
+        "--users",
+        metavar="FILE",
+        help="users file (made with `topiary passwd`): clients log in; see docs/security.md",
+    )
 
     pub = commands.add_parser("pub", help="publish messages")
     pub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
@@ -239,9 +246,60 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tls_arguments(drop)
     drop.add_argument("client_id", metavar="ID")
 
+    for client_command in (pub, sub, stats, routes, sessions, drop):
+        _add_login_arguments(client_command)
+
+    passwd = commands.add_parser(
+        "passwd",
+        help="add or change a user of a users file (the password from the terminal or stdin)",
+    )
+    passwd.add_argument("file", metavar="FILE", help="the users file (created if missing)")
+    passwd.add_argument("name", metavar="NAME", help="the user name")
+    passwd.add_argument(
+        "--group",
+        action="append",
+        metavar="G",
+        help="a group of the user (repeat for several); replaces the user's groups",
+    )
+    passwd.add_argument("--delete", action="store_true", help="delete the user instead")
+
     for plugin in entry_points(group=COMMANDS_GROUP):
         plugin.load()(commands)
     return parser
+
+
+def _add_login_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--username", metavar="NAME", help="log in as NAME (default: $TOPIARY_USERNAME)"
+    )
+    parser.add_argument(
+        "--password-file",
+        metavar="FILE",
+        help="the password is FILE's first line (default: $TOPIARY_PASSWORD)",
+    )
+
+
+def _login(args: argparse.Namespace) -> dict[str, str]:
+    """``connect``'s username and password from the flags or the environment, or nothing."""
+    username = args.username or os.environ.get("TOPIARY_USERNAME") or None
+    password = os.environ.get("TOPIARY_PASSWORD") or None
+    if args.password_file is not None:
+        try:
+            with open(args.password_file, encoding="utf-8") as handle:
+                password = handle.readline().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise UsageError(f"cannot read password file {args.password_file}: {why}") from None
+    if username is None and password is not None:
+        raise UsageError("a password needs a user name: --username or TOPIARY_USERNAME")
+    if username is not None and password is None:
+        raise UsageError(
+            f"user {username!r} needs a password: --password-file FILE or TOPIARY_PASSWORD"
+        )
+    if username is None:
+        return {}
+    assert password is not None
+    return {"username": username, "password": password}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,6 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "passwd":
+            return _passwd(args)
+        if hasattr(args, "password_file"):  # a client command
+            args.login = _login(args)
         if args.command == "pub":
             _check_topic(args.topic)
             return trio.run(_pub, args)
@@ -348,6 +410,7 @@ def _serve(args: argparse.Namespace) -> int:
             http_listen=args.http,
             mqtt_listen=args.mqtt,
             mqtt_websocket=args.mqtt_ws,
+            auth_users=args.users,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -360,7 +423,7 @@ def _serve(args: argparse.Namespace) -> int:
     tune_gc()
     try:
         trio.run(lambda: run_broker(config, handle_signals=True))
-    except ConfigError as exc:  # a file the config names is bad (a certificate, say)
+    except ConfigError as exc:  # a file the config names (users, ACL, certificates) is bad
         raise UsageError(str(exc)) from None
     except OSError as exc:
         print(
@@ -368,6 +431,21 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILURE
+    return 0
+
+
+def _passwd(args: argparse.Namespace) -> int:
+    from broker.security.passwd import PasswdError, edit_user, read_password
+
+    try:
+        password = None if args.delete else read_password()
+        done = edit_user(
+            args.file, args.name, groups=args.group, delete=args.delete, password=password
+        )
+    except PasswdError as exc:
+        print(f"topiary passwd: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"{done} user {args.name!r} in {args.file}", file=sys.stderr)
     return 0
 
 
@@ -384,7 +462,7 @@ async def _pub(args: argparse.Namespace) -> int:
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server, tls=_tls(args)) as client:
+    async with connect(args.server, tls=_tls(args), **args.login) as client:
         if args.message is not None:
             await client.publish(
                 args.topic, os.fsencode(args.message), confirm=args.confirm, retain=args.retain
@@ -426,6 +504,7 @@ async def _sub(args: argparse.Namespace) -> int:
                 durable=args.durable,
                 group=args.group,
                 tls=_tls(args),
+                **args.login,
             ) as client,
             AsyncExitStack() as stack,
         ):
@@ -478,7 +557,7 @@ async def _print_query(args: argparse.Namespace, query: str, *, sort_keys: bool 
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server, tls=_tls(args)) as client:
+    async with connect(args.server, tls=_tls(args), **args.login) as client:
         answer = await getattr(client, query)()
     print(json.dumps(answer, indent=2, sort_keys=sort_keys))
     return 0
@@ -488,7 +567,7 @@ async def _session_drop(args: argparse.Namespace) -> int:
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server, tls=_tls(args)) as client:
+    async with connect(args.server, tls=_tls(args), **args.login) as client:
         dropped = await client.drop_session(args.client_id)
     if not dropped:
         print(f"topiary session drop: no durable session {args.client_id!r}", file=sys.stderr)

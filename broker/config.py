@@ -36,8 +36,11 @@ key, never a traceback and never a silently ignored typo.
     overflow = "drop-oldest"       # or "reject-publish"
     group_prefetch = 64            # unacked messages a shared-group member may hold
 
-    [auth]
-    token = "secret"               # HELLO credentials {"token": ...} must match
+    [auth]                         # docs/security.md
+    token = "secret"               # HELLO credentials {"token": ...} must match; or instead:
+    # users = "users.toml"         # users and password hashes, written by `topiary passwd`
+    # anonymous = false            # clients without credentials (default: only without users)
+    failure_delay = 1.0            # seconds a failed login waits for its refusal
 
     [http]                         # operators' port (docs/operations.md); off unless set
     listen = "127.0.0.1:7480"      # /metrics, /healthz, /readyz, /api/stats, the dashboard
@@ -130,6 +133,9 @@ class BrokerConfig:
     overflow: str = "drop-oldest"
     group_prefetch: int = 64
     auth_token: str | None = None
+    auth_users: str | None = None  # the users file (broker/security/users.py); None: none
+    auth_anonymous: bool | None = None  # None: anonymous access only without a users file
+    auth_failure_delay: float = 1.0  # seconds before a failed login is refused
     http_listen: str | None = None  # HOST:PORT of the operators' HTTP port; None: off
     http_top_sessions: int = 20  # durable sessions with their own /metrics series, by lag
     http_request_timeout: float = 10.0  # seconds per request on it, and per idle keep-alive
@@ -208,7 +214,12 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "overflow": "overflow",
         "group_prefetch": "group_prefetch",
     },
-    "auth": {"token": "auth_token"},
+    "auth": {
+        "token": "auth_token",
+        "users": "auth_users",
+        "anonymous": "auth_anonymous",
+        "failure_delay": "auth_failure_delay",
+    },
     "http": {
         "listen": "http_listen",
         "top_sessions": "http_top_sessions",
@@ -266,6 +277,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "overflow": (str,),
     "group_prefetch": (int,),
     "auth_token": (str, type(None)),
+    "auth_users": (str, type(None)),
+    "auth_failure_delay": (int, float),
     "http_listen": (str, type(None)),
     "http_top_sessions": (int,),
     "http_request_timeout": (int, float),
@@ -341,6 +354,7 @@ def _check(cfg: BrokerConfig) -> None:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     _check_peering(cfg)
+    _check_auth(cfg)
     _check_trusted(cfg)
     _check_flood_limits(cfg)
     _check_tls(cfg)
@@ -378,6 +392,22 @@ def _check_peering(cfg: BrokerConfig) -> None:
             f"server_id must be 1..256 bytes without spaces or control characters, "
             f"got {cfg.server_id!r}"
         )
+
+
+def _check_auth(cfg: BrokerConfig) -> None:
+    if cfg.auth_anonymous is not None and not isinstance(cfg.auth_anonymous, bool):
+        raise ConfigError(f"auth anonymous must be true or false, got {cfg.auth_anonymous!r}")
+    if not 0 <= cfg.auth_failure_delay <= 60:
+        raise ConfigError(
+            f"auth failure_delay must be in [0, 60] seconds, got {cfg.auth_failure_delay}"
+        )
+    if cfg.auth_token is not None and cfg.auth_users is not None:
+        raise ConfigError(
+            "auth token and auth users cannot both be set: the token is one shared secret "
+            "for everyone, the users file gives each client its own"
+        )
+    if cfg.auth_users is not None and not cfg.auth_users:
+        raise ConfigError("auth users must name a file, got an empty string")
 
 
 def _check_trusted(cfg: BrokerConfig) -> None:

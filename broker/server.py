@@ -212,6 +212,8 @@ async def run_broker(
             restored = await broker.load()
             log.info("store opened", data_dir=config.data_dir, durable_sessions=restored)
         server = Server(broker)
+        if broker.logins.users is not None:  # SIGHUP re-reads the users file
+            server.reloadables.append(broker.logins.users)
         if config.tls_cert is not None:  # bad files stop start-up here (ConfigError)
             server.tls = ServerTls(config, broker.counters)
             server.reloadables.append(server.tls)

@@ -648,9 +648,15 @@ async def connect(
     backoff: tuple[float, float] = (0.05, 5.0),
     durable: bool = False,
     group: str | None = None,
+    username: str | None = None,
+    password: str | None = None,
     tls: ssl.SSLContext | bool | None = None,
 ) -> AsyncIterator[Client]:
     """Connect and say HELLO; raises BrokerError if refused, OSError if unreachable.
+
+    ``username`` and ``password`` log in as a user of the broker's users file (a refusal is
+    BrokerError AUTH_FAILED); they travel in HELLO's ``credentials`` (with whatever
+    ``credentials`` holds, such as an old-style ``{"token": ...}``).
 
     ``durable=True`` (with a ``client_id``) resumes or creates a durable session: the
     broker keeps its subscriptions and stores its messages while it is away, and sends
@@ -663,6 +669,12 @@ async def connect(
     """
     if not (math.isfinite(keepalive) and keepalive > 0):
         raise ValueError("keepalive must be a positive number of seconds")
+    if username is not None or password is not None:
+        credentials = dict(credentials or {})
+        if username is not None:
+            credentials["username"] = username
+        if password is not None:
+            credentials["password"] = password
     client = Client(
         server,
         client_id=client_id,

@@ -30,6 +30,8 @@ class Counters:
     subscribes: int = 0
     unsubscribes: int = 0
     retained_sent: int = 0
+    logins: int = 0  # user name and password checked and accepted
+    auth_failures: int = 0  # logins refused: bad credentials, or anonymous when it is off
     tls_handshake_failures: int = 0  # not TLS, an old version, a bad client cert, too slow
     errors: Counter[str] = field(default_factory=Counter)
     # refusals by limit against floods (broker/security/floods.py): limit name -> count
@@ -58,6 +60,8 @@ class Counters:
             "subscribes": self.subscribes,
             "unsubscribes": self.unsubscribes,
             "retained_sent": self.retained_sent,
+            "logins": self.logins,
+            "auth_failures": self.auth_failures,
             "tls_handshake_failures": self.tls_handshake_failures,
             "errors": dict(self.errors),
             "limit_refused": dict(self.limit_refused),

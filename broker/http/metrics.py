@@ -82,6 +82,11 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "retained_sent",
         "Retained messages queued to new subscriptions (from the retained store).",
     ),
+    "logins": ("logins", "Logins with a user name and password that were accepted."),
+    "auth_failures": (
+        "auth_failures",
+        "Logins refused: a bad user name or password, or anonymous access when it is off.",
+    ),
     "tls_handshake_failures": (
         "tls_handshake_failures",
         "TLS handshakes that failed on the TLS listeners (plain text, an old version, "

@@ -36,6 +36,7 @@ from broker.mqtt.requests import Requests
 from broker.mqtt.state import MqttFrontEnd
 from broker.native.keepalive import KeepaliveSweeper
 from broker.net import RECEIVE_SIZE, linger
+from broker.security import ANONYMOUS
 from broker.security.floods import Refusal
 
 ERROR_FLUSH_SECONDS = 1.0
@@ -74,6 +75,7 @@ class MqttConnection:
         self.decoder = Decoder(server=True, max_packet=broker.config.max_frame)
         self.session: Session | None = None
         self.accepted: Accepted | None = None
+        self.identity = ANONYMOUS  # who the client proved to be, once CONNECT is accepted
         self.keepalive = math.inf  # seconds; the sweeper reads it (inf: none)
         self.last_heard = 0.0
         self._reader_scope = trio.CancelScope()

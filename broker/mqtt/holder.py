@@ -14,6 +14,7 @@ from broker.core import Broker
 from broker.mqtt.closing import Closing
 from broker.mqtt.decoder import Decoder
 from broker.mqtt.state import MqttFrontEnd
+from broker.security import Identity
 from broker.security.floods import Refusal
 
 
@@ -25,6 +26,7 @@ class Conn(Protocol):
     decoder: Decoder
     last_heard: float
     requests_nursery: trio.Nursery | None
+    identity: Identity  # who the client proved to be (ANONYMOUS until CONNECT is accepted)
     refusal: Refusal | None  # a limit against floods refused it: CONNACK says so
 
     @property

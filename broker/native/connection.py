@@ -45,6 +45,7 @@ from broker.native.handshake import handshake
 from broker.native.keepalive import KeepaliveSweeper
 from broker.native.requests import Requests
 from broker.net import RECEIVE_SIZE, linger
+from broker.security import ANONYMOUS
 from broker.wire.codec import append_msg, encode_msg
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
 from broker.wire.frames import Error, PeerHello, Ping
@@ -101,6 +102,7 @@ class ClientConnection:
         self.peer = peer
         self.proto = Connection(Role.SERVER, max_frame=broker.config.max_frame)
         self.session: Session | None = None
+        self.identity = ANONYMOUS  # who the client proved to be, once HELLO is accepted
         self.keepalive = broker.config.keepalive
         self.last_heard = 0.0
         self.ending = Ending()
@@ -146,6 +148,7 @@ class ClientConnection:
                     self._release(session, None)
                     return
                 self.session = session
+                self.identity = opened.identity
                 self.keepalive = opened.keepalive
                 self.last_heard = opened.heard
                 confirms = Confirms(session, self.proto)

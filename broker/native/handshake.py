@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.core import GROUP_PREFIX, Broker, Group, Holder, Session
+from broker.core import GROUP_PREFIX, Broker, Group, Holder, NotOwner, Session
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.net import receive_frame, send_error
-from broker.security import ANONYMOUS, Identity
+from broker.security import ANONYMOUS, Identity, certificate_subject
 from broker.security.floods import MAX_CONNECTIONS, REFUSED_HELLO_TIMEOUT, Refusal
+from broker.security.logins import LoginRefused
 from broker.store import StoreError
 from broker.wire.connection import Connection
 from broker.wire.frames import PROTOCOL_VERSION, Frame, Hello, PeerHello, Welcome
@@ -99,6 +100,13 @@ async def handshake(
     if problem is not None:
         await _refuse(broker, stream, proto, problem)
         return None
+    try:
+        identity = await login(broker, stream, frame, peer)
+    except LoginRefused as refused:
+        await _refuse(
+            broker, stream, proto, RemoteProtocolError(ErrorCode.AUTH_FAILED, refused.text)
+        )
+        return None
     keepalive = config.keepalive
     if frame.keepalive:
         keepalive = min(max(frame.keepalive, MIN_KEEPALIVE), MAX_KEEPALIVE)
@@ -108,7 +116,12 @@ async def handshake(
             group, present = await broker.open_group(frame.group)
         elif frame.durable:
             assert frame.client_id is not None
-            durable, present = await broker.open_durable(frame.client_id)
+            durable, present = await broker.open_durable(frame.client_id, identity.owner)
+    except NotOwner as exc:
+        await _refuse(
+            broker, stream, proto, RemoteProtocolError(ErrorCode.NOT_AUTHORIZED, str(exc))
+        )
+        return None
     except StoreError as exc:
         broker.counters.store_errors += 1
         await _refuse(
@@ -150,8 +163,28 @@ async def handshake(
         keepalive=keepalive * 1.5,
     )
     session.send_control(proto.send(welcome))
-    log.debug("hello", peer=peer, client=session.client_id)
-    return Opened(session, keepalive, heard, joining)
+    log.debug("hello", peer=peer, client=session.client_id, owner=identity.owner)
+    return Opened(session, keepalive, heard, joining, identity)
+
+
+async def login(broker: Broker, stream: trio.abc.Stream, hello: Hello, peer: str) -> Identity:
+    """Who HELLO's credentials ``{"username": ..., "password": ...}`` and the stream's TLS
+    client certificate prove the client to be; raises ``LoginRefused``."""
+    credentials = hello.credentials or {}
+    username = credentials.get("username")
+    password = credentials.get("password")
+    logins = broker.logins
+    if not isinstance(username, str | None) or not isinstance(password, str | None):
+        await logins.refuse(
+            "username and password must be strings", client_id=hello.client_id, peer=peer
+        )
+    return await logins.login(
+        username=username,
+        password=None if password is None else password.encode(),
+        cert=certificate_subject(stream),
+        client_id=hello.client_id,
+        peer=peer,
+    )
 
 
 def check_hello(broker: Broker, hello: Hello) -> RemoteProtocolError | None:

@@ -24,7 +24,7 @@ from typing import Any, Final
 import trio
 
 import routing
-from broker.core import Broker, DurableWork, Group, Member, QuotaExceeded, Session
+from broker.core import Broker, DurableWork, Group, Member, NotOwner, QuotaExceeded, Session
 from broker.core.session import flush_wakes, hold_wakes
 from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.log import get_logger
@@ -407,7 +407,13 @@ class Requests:
             await self.broker.deliver_retained(owner, sub_id, flt)
 
     async def _drop_stored_session(self, frame: DropSession) -> None:
-        dropped = await self.broker.drop_session(frame.client_id, requester=self.session)
+        try:
+            dropped = await self.broker.drop_session(
+                frame.client_id, requester=self.session, owner=self.identity.owner
+            )
+        except NotOwner as exc:
+            self._refuse(RemoteProtocolError(ErrorCode.NOT_AUTHORIZED, str(exc), ref=frame.id))
+            return
         reply = SessionDropped(id=frame.id, dropped=dropped)
         self.session.send_control(self.proto.send(reply))
 
