@@ -216,8 +216,11 @@ def code_closes_connection(code: str) -> bool:
 
 
 #: Refusals that connecting again will not change (a bad credential, another protocol
-#: version): every client that reconnects gives up on these, and only these.
-REFUSED_FOR_GOOD: frozenset[ErrorCode] = frozenset({_C.AUTH_FAILED, _C.VERSION_MISMATCH})
+#: version, a durable session another identity owns): every client that reconnects gives up
+#: on these, and only these.
+REFUSED_FOR_GOOD: frozenset[ErrorCode] = frozenset(
+    {_C.AUTH_FAILED, _C.VERSION_MISMATCH, _C.NOT_AUTHORIZED}
+)
 
 
 def refused_for_good(code: str) -> bool:
