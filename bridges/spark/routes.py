@@ -11,6 +11,7 @@ the trio thread, so it never sees a table half-updated.
 from __future__ import annotations
 
 import contextlib
+import ssl
 import threading
 from dataclasses import dataclass
 
@@ -29,8 +30,15 @@ class WantedFilters:
 
 
 class RouteFeed:
-    def __init__(self, server: str, *, observer_id: str, secret: str | None = None) -> None:
-        self.watcher = RouteWatcher(server, observer_id=observer_id, secret=secret)
+    def __init__(
+        self,
+        server: str,
+        *,
+        observer_id: str,
+        secret: str | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.watcher = RouteWatcher(server, observer_id=observer_id, secret=secret, tls=tls)
         self._token: trio.lowlevel.TrioToken | None = None
         self._started = threading.Event()
         self._stop: trio.Event | None = None
