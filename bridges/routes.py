@@ -18,9 +18,11 @@ closing ERROR go out through the link's one writer, as between brokers.
 
 With a TLS context the watcher dials the broker's native TLS port and verifies that the
 broker's certificate names the host dialled; a client certificate in the context lets a
-broker that lists the observer by ``cert`` know it without a secret. A TLS failure (ours,
-or the broker's alert refusing our certificate) is counted in ``tls_failures`` and dialled
-again with backoff, like any lost link.
+broker that lists the observer by ``cert`` know it without a secret. A failed handshake
+(the broker's certificate does not verify or does not name the host) is counted in
+``tls_failures`` and dialled again with backoff. A broker refusing *our* certificate is
+seen here only as a hang-up before PEER_WELCOME (with TLS 1.3 the client's half of the
+handshake ends first); the broker counts that one (``tls_handshake_failures``).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class RouteCounters:
     refused: int = 0
     updates_applied: int = 0
     snapshot_requests: int = 0
-    tls_failures: int = 0  # dials or links ended by TLS: a certificate refused either way
+    tls_failures: int = 0  # handshakes failed: the broker's certificate did not verify
 
 
 class RouteWatcher:
@@ -148,10 +150,7 @@ class RouteWatcher:
                 try:
                     opened = await self._session(stream)
                 except trio.BrokenResourceError as exc:
-                    if isinstance(exc.__cause__, ssl.SSLError):
-                        self._tls_failed(exc)  # the broker's alert: our certificate refused
-                    else:
-                        log.info("route link lost", error=str(exc))
+                    log.info("route link lost", error=describe_failure(exc))
                 except (trio.ClosedResourceError, OSError) as exc:
                     log.info("route link lost", error=str(exc))
                 except RemoteProtocolError as exc:
@@ -213,6 +212,12 @@ class RouteWatcher:
                 await trio.sleep(self.backoff_max)
             return False
         if welcome is None:
+            # Over TLS 1.3 this is also how a broker refusing our client certificate looks
+            # from here: our half of the handshake ended before the broker checked it.
+            host, port = self.address
+            hint = {"hint": "our client certificate refused? see the broker's log"}
+            log.warning("route link got no welcome", server=f"{host}:{port}",
+                        **(hint if self.tls is not None else {}))  # fmt: skip
             return False
         self.connected = True
         self.counters.links_opened += 1
