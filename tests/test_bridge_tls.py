@@ -334,3 +334,27 @@ async def test_a_spark_task_connects_over_tls_from_the_sink_options(
                 await client.ping()
                 (connection,) = client_connections(a, client.client_id)
                 assert certificate_subject(connection.stream) == "CN=spark-task"
+
+
+# -- a Spark write over TLS (the session is shared with the other Spark tests) -------------
+
+
+async def test_a_spark_write_publishes_over_tls_with_each_tasks_own_context(
+    spark: Any, pki: Pki, server_cert: Issued
+) -> None:
+    from tests.test_spark_sink import rows, take, write
+
+    settings = tls_listening(pki, server_cert, tls_require_client_cert=True)
+    async with (
+        running_broker(**settings) as a,
+        connect(plain_server(a)) as subscriber,
+        subscriber.subscribe("beacon/>") as sub,
+    ):
+        config = bridge_config_from_dict(
+            with_broker(server=tls_server(a), **bridge_tls(pki, pki.client("spark-task")))
+        )
+        options = {k: v for k, v in sink_options(config).items() if not k.startswith("kafka.")}
+        data = rows(40)
+        await trio.to_thread.run_sync(lambda: write(spark, data, **options))
+        got = await take(sub, 40)
+    assert sorted(json.loads(m.payload)["n"] for m in got) == list(range(40))
