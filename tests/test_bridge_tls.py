@@ -269,6 +269,30 @@ async def test_the_route_watcher_refuses_a_broker_whose_certificate_names_anothe
         assert a.broker.peering.links == {}
 
 
+async def test_the_spark_drivers_route_feed_follows_the_broker_over_tls(
+    pki: Pki, server_cert: Issued
+) -> None:
+    from bridges.spark.routes import RouteFeed
+
+    settings = tls_listening(pki, server_cert, trusted_observers=listed_by_cert("spark-1"))
+    async with (
+        running_broker(server_id="a", **settings) as a,
+        connect(plain_server(a)) as subscriber,
+        subscriber.subscribe("wanted/>"),
+    ):
+        issued = pki.client("spark-1")
+        config = bridge_config_from_dict(
+            with_broker(server=tls_server(a), observer_id="spark-1", **bridge_tls(pki, issued))
+        )
+        feed = await trio.to_thread.run_sync(RouteFeed.of(config).start)  # its own thread
+        try:
+            assert await trio.to_thread.run_sync(feed.wait_ready, WAIT)
+            wanted = await trio.to_thread.run_sync(feed.snapshot)
+        finally:
+            await trio.to_thread.run_sync(feed.stop)
+    assert [f.text for f in wanted.filters] == ["wanted/>"]
+
+
 # -- the bridge publishing over TLS (Tansu) ------------------------------------------------
 
 N = 300

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import trio
 
+from bridges.config import BridgeConfig
 from bridges.routes import RouteWatcher
 from routing.filters import Filter
 
@@ -45,6 +46,16 @@ class RouteFeed:
         self._thread = threading.Thread(target=self._main, name="topiary-routes", daemon=True)
         self._last: WantedFilters = WantedFilters((), 0)
         self._failure: BaseException | None = None
+
+    @classmethod
+    def of(cls, config: BridgeConfig) -> RouteFeed:
+        """The feed a bridge config asks for: its broker, observer id and secret, and TLS."""
+        return cls(
+            config.server,
+            observer_id=config.observer_id,
+            secret=config.peer_secret,
+            tls=config.tls_context(),
+        )
 
     def start(self) -> RouteFeed:
         self._thread.start()
