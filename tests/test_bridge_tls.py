@@ -269,6 +269,36 @@ async def test_the_route_watcher_refuses_a_broker_whose_certificate_names_anothe
         assert a.broker.peering.links == {}
 
 
+async def test_a_broker_port_that_never_answers_the_handshake_is_a_timed_out_tls_failure(
+    pki: Pki,
+) -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    held: list[trio.SocketStream] = []
+    context = bridge_config_from_dict(with_broker(ca=pki.ca)).tls_context()
+    watcher = RouteWatcher(
+        f"127.0.0.1:{port}", observer_id="bridge-1", tls=context, backoff_max=0.1,
+        handshake_timeout=0.2,
+    )  # fmt: skip
+    with structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+
+            async def accept_and_say_nothing() -> None:
+                while True:
+                    held.append(await listeners[0].accept())
+
+            nursery.start_soon(accept_and_say_nothing)
+            async with watching(watcher):
+                await wait_for(lambda: watcher.counters.tls_failures >= 1)
+            nursery.cancel_scope.cancel()
+    for stream in held:
+        await trio.aclose_forcefully(stream)
+    await listeners[0].aclose()
+    failed = [entry for entry in logs if entry["event"] == "route link tls failed"]
+    assert failed[0]["error"] == "no TLS handshake within 0.2 s"
+    assert not watcher.ready.is_set()
+
+
 async def test_the_spark_drivers_route_feed_follows_the_broker_over_tls(
     pki: Pki, server_cert: Issued
 ) -> None:
