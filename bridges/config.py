@@ -19,10 +19,19 @@ the few settings the bridge's delivery guarantee depends on (see ``_OWNED_KAFKA_
     [broker]
     server = "127.0.0.1:7474"
     token = "secret"               # optional: the broker's [auth] token
-    peer_secret = "mesh-secret"    # optional: the broker's [peering] secret
+    username = "bridge"            # optional: a user of the broker's users file, with
+    password = "..."               #   its password (HELLO credentials of the publisher)
     observer_id = "bridge-1"       # optional: the bridge's id on the route exchange
+    peer_secret = "bridge-secret"  # optional: its [[peering.observer]] secret at the broker
+                                   #   (or the broker's shared [peering] secret)
     bridge_id = "beacons-eu"       # optional: its id in reports (default: "group.id")
     report_interval = 5.0          # seconds between reports to $SYS/bridges/<id> (0: never)
+    tls = true                     # optional: speak TLS to server (the broker's native TLS
+                                   #   port); implied by ca or cert
+    ca = "ca.crt"                  # optional: the broker's certificate chains to it (else
+                                   #   the system's CAs); it must name server's host
+    cert = "bridge.crt"            # optional, with key: a client certificate (mutual TLS;
+    key = "bridge.key"             #   an observer listed by cert at the broker)
 
     [bridge]                       # optional tuning
     batch_max = 5000               # records taken from Kafka per batch
@@ -51,6 +60,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +69,7 @@ import routing
 from bridges.mapping import TemplateError, TopicTemplate, encode_level
 from broker.address import parse_host_port, parse_listen
 from broker.config import ConfigError, read_toml
+from broker.security.tls import client_context
 
 FORMATS = ("json", "msgpack")
 #: Where a bridge reports its figures: broker.core.reports.REPORTS_PREFIX, whose subscriber
@@ -120,6 +131,9 @@ class BridgeConfig:
     server: str
     format: str = "json"
     token: str | None = None
+    #: HELLO credentials of the publishing connection (the broker's users file), both or none
+    username: str | None = None
+    password: str | None = None
     peer_secret: str | None = None
     observer_id: str = field(default_factory=lambda: default_observer_id())
     settings: BridgeSettings = field(default_factory=BridgeSettings)
@@ -130,6 +144,13 @@ class BridgeConfig:
     report_interval: float = 5.0
     #: The id the bridge reports under; None: its Kafka ``group.id``.
     bridge_id: str | None = None
+    #: TLS to the broker, for the publisher and the route watcher alike: ``tls`` on (set,
+    #: or implied by ``ca`` or ``cert``), the CA to verify the broker with (None: the
+    #: system's), a client certificate and its key (None: none).
+    tls: bool = False
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
 
     @property
     def report_id(self) -> str:
@@ -140,6 +161,14 @@ class BridgeConfig:
     def report_topic(self) -> str:
         """``$SYS/bridges/<id>``, the id escaped into one topic level."""
         return f"{REPORTS_PREFIX}{encode_level(self.report_id)}"
+
+    def credentials(self) -> dict[str, Any] | None:
+        """The HELLO credentials of the bridge's publishing connection (None: none)."""
+        return hello_credentials(self.token, self.username, self.password)
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """A fresh client context from the ``[broker]`` TLS settings (None: plain TCP)."""
+        return broker_tls_context(self.tls, self.ca, self.cert, self.key)
 
     def consumer_config(self) -> dict[str, Any]:
         return {
@@ -178,6 +207,34 @@ def consumer_only(key: str) -> bool:
     return key.startswith(_CONSUMER_ONLY_PREFIXES)
 
 
+def hello_credentials(
+    token: str | None, username: str | None, password: str | None
+) -> dict[str, Any] | None:
+    """HELLO ``credentials`` from the ``[broker]`` settings: the token and/or the user name
+    and password (the Spark sink, which gets its options as strings, uses it too)."""
+    credentials: dict[str, Any] = {}
+    if token:
+        credentials["token"] = token
+    if username is not None and password is not None:
+        credentials["username"] = username
+        credentials["password"] = password
+    return credentials or None
+
+
+def broker_tls_context(
+    tls: bool, ca: str | None, cert: str | None, key: str | None
+) -> ssl.SSLContext | None:
+    """The one place a bridge's context for the broker is made (the Kafka bridge, the Spark
+    driver's route feed, and each Spark task from the sink's options, since executors are
+    other processes): TLS 1.2 or later, the broker's certificate verified against ``ca``
+    (else the system's CAs) and checked for the host dialled, ``cert``/``key`` presented.
+    None when ``tls`` is off. A file that cannot be used raises ``ConfigError`` naming it
+    (``[broker] ca FILE: ...``)."""
+    if not tls:
+        return None
+    return client_context(ca, cert, key, what="[broker]")
+
+
 def default_observer_id() -> str:
     return f"bridge-{socket.gethostname()}-{os.getpid()}"
 
@@ -188,10 +245,16 @@ _TABLES: dict[str, dict[str, tuple[type, ...]]] = {
     "broker": {
         "server": (str,),
         "token": (str,),
+        "username": (str,),
+        "password": (str,),
         "peer_secret": (str,),
         "observer_id": (str,),
         "bridge_id": (str,),
         "report_interval": (int, float),
+        "tls": (bool,),
+        "ca": (str,),
+        "cert": (str,),
+        "key": (str,),
     },
     "bridge": {
         "batch_max": (int,),
@@ -249,7 +312,7 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
             wanted = types.get(key)
             if wanted is None:
                 raise ConfigError(f"[{table}] has unknown key {key!r} (known: {', '.join(types)})")
-            if isinstance(value, bool) or not isinstance(value, wanted):
+            if (isinstance(value, bool) and bool not in wanted) or not isinstance(value, wanted):
                 names = " or ".join(t.__name__ for t in wanted)
                 raise ConfigError(
                     f"[{table}] {key} must be {names}, got {type(value).__name__} {value!r}"
@@ -257,7 +320,12 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
     kafka = _check_kafka(document["kafka"])
     source, broker = document["source"], document["broker"]
     _check_nonempty("source", source, ("topic", "dead_letter_topic", "format"))
-    _check_nonempty("broker", broker, ("server", "observer_id", "bridge_id"))
+    _check_nonempty(
+        "broker", broker, ("server", "observer_id", "bridge_id", "username", "ca", "cert", "key")
+    )
+    if ("username" in broker) != ("password" in broker):
+        raise ConfigError("[broker] username and password go together: give both or neither")
+    tls = _check_tls(broker)
     fmt = source.get("format", "json")
     if fmt not in FORMATS:
         raise ConfigError(f"[source] format must be 'json' or 'msgpack', got {fmt!r}")
@@ -288,19 +356,37 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
         template=template,
         server=broker["server"],
         token=broker.get("token"),
+        username=broker.get("username"),
+        password=broker.get("password"),
         peer_secret=broker.get("peer_secret"),
         settings=settings,
         spark=spark,
         http_listen=listen,
         report_interval=float(interval),
         bridge_id=broker.get("bridge_id"),
+        tls=tls,
+        ca=broker.get("ca"),
+        cert=broker.get("cert"),
+        key=broker.get("key"),
         **extra,
     )
+    config.tls_context()  # the files are read now: a bad one stops start-up, named
     try:
         routing.validate_topic(config.report_topic)
     except ValueError as exc:  # routing.TopicError included
         raise ConfigError(f"[broker] bridge_id (or [kafka] 'group.id'): {exc}") from None
     return config
+
+
+def _check_tls(broker: dict[str, Any]) -> bool:
+    """Whether the bridge speaks TLS to the broker: ``tls``, or implied by ``ca`` or
+    ``cert`` (as ``--ca`` implies ``--tls`` for the client commands)."""
+    if ("cert" in broker) != ("key" in broker):
+        raise ConfigError("[broker] cert and key go together: give both or neither")
+    files = [name for name in ("ca", "cert") if name in broker]
+    if broker.get("tls") is False and files:
+        raise ConfigError(f"[broker] {files[0]} is for TLS, but tls = false")
+    return bool(broker.get("tls", bool(files)))
 
 
 def _check_kafka(body: dict[str, Any]) -> dict[str, Any]:

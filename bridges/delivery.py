@@ -18,6 +18,7 @@ import trio
 from broker.client import BrokerError, Client
 from broker.errors import ErrorCode
 from broker.log import get_logger
+from broker.security.tls import describe_failure
 
 log = get_logger("topiary.bridge")
 
@@ -25,6 +26,14 @@ log = get_logger("topiary.bridge")
 PERMANENT_REFUSALS = {ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.INVALID_TOPIC}
 LOG_INTERVAL = 5.0
 FLUSH_SECONDS = 30.0
+
+
+def connect_failure(exc: BaseException) -> str:
+    """Why connecting to the broker failed, for the log: a failed TLS handshake says why
+    (a certificate that does not verify, a name it lacks), which its own text does not."""
+    if isinstance(exc, trio.BrokenResourceError):
+        return describe_failure(exc)
+    return str(exc)
 
 
 @dataclass(frozen=True, slots=True)

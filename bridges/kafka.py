@@ -36,6 +36,7 @@ from bridges.delivery import (
     DeadLetter,
     DeliveryCounters,
     RateLimit,
+    connect_failure,
     publish_all,
     send_dead_letters,
 )
@@ -89,11 +90,13 @@ class Bridge:
     def __init__(self, config: BridgeConfig, *, watcher: RouteWatcher | None = None) -> None:
         self.config = config
         self.settings = config.settings
+        self.tls = config.tls_context()  # one context for both connections to the broker
         self.watcher = watcher or RouteWatcher(
             config.server,
             observer_id=config.observer_id,
             secret=config.peer_secret,
             backoff_max=config.settings.backoff_max,
+            tls=self.tls,
         )
         self.counters = BridgeCounters()
         self.malformed_by_reason: Counter[str] = Counter()
@@ -212,7 +215,7 @@ class Bridge:
         sent again, and their message ids make the repeats harmless.
         """
         config = self.config
-        credentials = {"token": config.token} if config.token is not None else None
+        credentials = config.credentials()
         backoff = 0.1
         while not self._stopping.is_set():
             try:
@@ -224,12 +227,13 @@ class Bridge:
                         keepalive=5.0,
                         reconnect=True,
                         backoff=(0.05, self.settings.backoff_max),
+                        tls=self.tls,
                     )
                 )
             except (OSError, ConnectionLost, BrokerError, trio.BrokenResourceError) as exc:
                 if not worth_retrying(exc):
                     raise
-                log.warning("broker unreachable", server=config.server, error=str(exc),
+                log.warning("broker unreachable", server=config.server, error=connect_failure(exc),
                             retry_in=round(backoff, 2))  # fmt: skip
             with trio.move_on_after(backoff):
                 await self._stopping.wait()

@@ -15,10 +15,19 @@ nothing; while a later connection catches up, the previous table keeps answering
 The link itself is the broker's own: opened with the mesh's dial handshake and served by a
 ``PeerLink`` (broker/mesh/link.py) whose owner is the watcher, so PINGs, PONGs and a
 closing ERROR go out through the link's one writer, as between brokers.
+
+With a TLS context the watcher dials the broker's native TLS port and verifies that the
+broker's certificate names the host dialled; a client certificate in the context lets a
+broker that lists the observer by ``cert`` know it without a secret. A failed handshake
+(the broker's certificate does not verify or does not name the host) is counted in
+``tls_failures`` and dialled again with backoff. A broker refusing *our* certificate is
+seen here only as a hang-up before PEER_WELCOME (with TLS 1.3 the client's half of the
+handshake ends first); the broker counts that one (``tls_handshake_failures``).
 """
 
 from __future__ import annotations
 
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +39,7 @@ from broker.errors import ErrorCode, RemoteProtocolError, refused_for_good
 from broker.log import get_logger
 from broker.mesh import Keepalive, PeerLink, dial_handshake, update_from
 from broker.net import Backoff
+from broker.security.tls import describe_failure
 from broker.wire.connection import Connection, Role
 from broker.wire.frames import (
     PROTOCOL_VERSION,
@@ -56,6 +66,7 @@ class RouteCounters:
     refused: int = 0
     updates_applied: int = 0
     snapshot_requests: int = 0
+    tls_failures: int = 0  # handshakes failed: the broker's certificate did not verify
 
 
 class RouteWatcher:
@@ -72,6 +83,8 @@ class RouteWatcher:
         secret: str | None = None,
         keepalive: float = 2.0,
         backoff_max: float = 5.0,
+        tls: ssl.SSLContext | None = None,
+        handshake_timeout: float = 10.0,
     ) -> None:
         address = parse_host_port(server)
         if address is None:
@@ -81,6 +94,8 @@ class RouteWatcher:
         self.secret = secret
         self.keepalive = keepalive
         self.backoff_max = backoff_max
+        self.tls = tls
+        self.handshake_timeout = handshake_timeout
         self.incarnation = time.time_ns()
         self.table: RouteTable | None = None
         self.ready = trio.Event()
@@ -126,13 +141,17 @@ class RouteWatcher:
         while True:
             opened = False
             try:
-                stream = await trio.open_tcp_stream(host, port)
+                stream = await self._dial(host, port)
             except OSError as exc:
                 log.info("route link dial failed", server=f"{host}:{port}", error=str(exc))
+            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+                self._tls_failed(exc)
             else:
                 try:
                     opened = await self._session(stream)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                except trio.BrokenResourceError as exc:
+                    log.info("route link lost", error=describe_failure(exc))
+                except (trio.ClosedResourceError, OSError) as exc:
                     log.info("route link lost", error=str(exc))
                 except RemoteProtocolError as exc:
                     log.warning("route link broken", code=str(exc.code), error=str(exc))
@@ -144,6 +163,31 @@ class RouteWatcher:
             if opened:
                 backoff.reset()
             await backoff.wait()
+
+    async def _dial(self, host: str, port: int) -> trio.abc.Stream:
+        """A TCP stream to the broker, or with a context a TLS one, handshaken and the
+        broker's certificate checked for ``host`` (a name or an IP address)."""
+        stream = await trio.open_tcp_stream(host, port)
+        if self.tls is None:
+            return stream
+        secure = trio.SSLStream(stream, self.tls, server_hostname=host, https_compatible=True)
+        try:
+            with trio.fail_after(self.handshake_timeout):
+                await secure.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        return secure
+
+    def _tls_failed(self, exc: BaseException) -> None:
+        self.counters.tls_failures += 1
+        host, port = self.address
+        reason = (
+            f"no TLS handshake within {self.handshake_timeout:g} s"
+            if isinstance(exc, trio.TooSlowError)
+            else describe_failure(exc)
+        )
+        log.error("route link tls failed", server=f"{host}:{port}", error=reason)
 
     async def _session(self, stream: trio.abc.Stream) -> bool:
         """Handshake and follow the broker's routes until the link ends; True if it opened."""
@@ -168,6 +212,12 @@ class RouteWatcher:
                 await trio.sleep(self.backoff_max)
             return False
         if welcome is None:
+            # Over TLS 1.3 this is also how a broker refusing our client certificate looks
+            # from here: our half of the handshake ended before the broker checked it.
+            host, port = self.address
+            hint = {"hint": "our client certificate refused? see the broker's log"}
+            log.warning("route link got no welcome", server=f"{host}:{port}",
+                        **(hint if self.tls is not None else {}))  # fmt: skip
             return False
         self.connected = True
         self.counters.links_opened += 1

@@ -1,7 +1,11 @@
 """The ``topiary`` command: serve, pub, sub, stats, sessions, routes.
 
 Client commands find the broker with ``--server HOST:PORT``, else the
-``TOPIARY_SERVER`` environment variable, else 127.0.0.1:7474. Every bad
+``TOPIARY_SERVER`` environment variable, else 127.0.0.1:7474; they speak TLS with
+``--tls`` or ``--ca FILE`` (``--cert``/``--key`` for a client certificate; or the
+variables ``TOPIARY_CA``, ``TOPIARY_CERT``, ``TOPIARY_KEY``). They log in with
+``--username`` (else ``TOPIARY_USERNAME``) and the first line of ``--password-file`` (else
+``TOPIARY_PASSWORD``); never a password on the command line. Every bad
 argument is one line on stderr and exit status 2; a failure at run time (the
 broker is unreachable, refused a request, a timeout) is one line and status 1.
 """
@@ -84,6 +88,41 @@ def _host_port(text: str) -> str:
     return text.strip()
 
 
+def _add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """A client command's TLS options; the environment gives the defaults."""
+    tls = parser.add_argument_group("TLS")
+    tls.add_argument(
+        "--tls",
+        action="store_true",
+        help="speak TLS; the broker's certificate is verified (system CAs, or --ca) and must "
+        "name the host dialled",
+    )
+    environ = os.environ
+    for flag, variable, what in (
+        ("--ca", "TOPIARY_CA", "CA certificates to verify the broker with (implies --tls)"),
+        ("--cert", "TOPIARY_CERT", "client certificate to present (implies --tls; with --key)"),
+        ("--key", "TOPIARY_KEY", "the client certificate's private key"),
+    ):
+        tls.add_argument(
+            flag, metavar="FILE", default=environ.get(variable) or None, help=f"{what}; ${variable}"
+        )
+
+
+def _tls(args: argparse.Namespace) -> Any:
+    """The client TLS context the arguments ask for, or None for plain TCP."""
+    if not (args.tls or args.ca or args.cert or args.key):
+        return None
+    if (args.cert is None) != (args.key is None):
+        raise UsageError("--cert and --key go together")
+    from broker.client import tls_context
+    from broker.config import ConfigError
+
+    try:
+        return tls_context(args.ca, args.cert, args.key)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="topiary", description="A smart event broker gateway.")
     parser.add_argument("--version", action="version", version="topiary 0.1.0")
@@ -134,9 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECRET",
         help="shared secret that peer links must present (PEER_HELLO)",
     )
+    serve.add_argument(
+        "--users",
+        metavar="FILE",
+        help="users file (made with `topiary passwd`): clients log in; see docs/security.md",
+    )
 
     pub = commands.add_parser("pub", help="publish messages")
     pub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(pub)
     pub.add_argument("--confirm", action="store_true", help="wait for the broker's PUBACK")
     pub.add_argument(
         "--retain",
@@ -148,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = commands.add_parser("sub", help="print messages as JSON lines")
     sub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(sub)
     sub.add_argument("--dialect", choices=["native", "mqtt"], default="native")
     sub.add_argument("--count", type=_positive_int, help="exit 0 after N messages")
     sub.add_argument(
@@ -183,22 +229,77 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = commands.add_parser("stats", help="print the broker's counters as JSON")
     stats.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(stats)
 
     routes = commands.add_parser("routes", help="print the broker's route table as JSON")
     routes.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(routes)
 
     sessions = commands.add_parser("sessions", help="print the durable sessions as JSON")
     sessions.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(sessions)
 
     session = commands.add_parser("session", help="manage one durable session")
     actions = session.add_subparsers(dest="action", required=True, parser_class=_Parser)
     drop = actions.add_parser("drop", help="delete a durable session and its stored messages")
     drop.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_tls_arguments(drop)
     drop.add_argument("client_id", metavar="ID")
+
+    for client_command in (pub, sub, stats, routes, sessions, drop):
+        _add_login_arguments(client_command)
+
+    passwd = commands.add_parser(
+        "passwd",
+        help="add or change a user of a users file (the password from the terminal or stdin)",
+    )
+    passwd.add_argument("file", metavar="FILE", help="the users file (created if missing)")
+    passwd.add_argument("name", metavar="NAME", help="the user name")
+    passwd.add_argument(
+        "--group",
+        action="append",
+        metavar="G",
+        help="a group of the user (repeat for several); replaces the user's groups",
+    )
+    passwd.add_argument("--delete", action="store_true", help="delete the user instead")
 
     for plugin in entry_points(group=COMMANDS_GROUP):
         plugin.load()(commands)
     return parser
+
+
+def _add_login_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--username", metavar="NAME", help="log in as NAME (default: $TOPIARY_USERNAME)"
+    )
+    parser.add_argument(
+        "--password-file",
+        metavar="FILE",
+        help="the password is FILE's first line (default: $TOPIARY_PASSWORD)",
+    )
+
+
+def _login(args: argparse.Namespace) -> dict[str, str]:
+    """``connect``'s username and password from the flags or the environment, or nothing."""
+    username = args.username or os.environ.get("TOPIARY_USERNAME") or None
+    password = os.environ.get("TOPIARY_PASSWORD") or None
+    if args.password_file is not None:
+        try:
+            with open(args.password_file, encoding="utf-8") as handle:
+                password = handle.readline().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise UsageError(f"cannot read password file {args.password_file}: {why}") from None
+    if username is None and password is not None:
+        raise UsageError("a password needs a user name: --username or TOPIARY_USERNAME")
+    if username is not None and password is None:
+        raise UsageError(
+            f"user {username!r} needs a password: --password-file FILE or TOPIARY_PASSWORD"
+        )
+    if username is None:
+        return {}
+    assert password is not None
+    return {"username": username, "password": password}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -208,6 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "passwd":
+            return _passwd(args)
+        if hasattr(args, "password_file"):  # a client command
+            args.login = _login(args)
         if args.command == "pub":
             _check_topic(args.topic)
             return trio.run(_pub, args)
@@ -255,6 +360,10 @@ def _describe(exc: BaseException) -> str:
         return f"connection lost: {exc}"
     if isinstance(exc, OSError):
         return f"cannot reach the broker: {exc.strerror or exc}"
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        from broker.security.tls import describe_failure
+
+        return f"TLS handshake failed: {describe_failure(exc)}"
     if isinstance(exc, trio.TooSlowError):
         return "timed out"
     from broker.store import StoreError
@@ -301,6 +410,7 @@ def _serve(args: argparse.Namespace) -> int:
             http_listen=args.http,
             mqtt_listen=args.mqtt,
             mqtt_websocket=args.mqtt_ws,
+            auth_users=args.users,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -313,7 +423,7 @@ def _serve(args: argparse.Namespace) -> int:
     tune_gc()
     try:
         trio.run(lambda: run_broker(config, handle_signals=True))
-    except ConfigError as exc:  # a file the config names is bad (the ACL file, ...)
+    except ConfigError as exc:  # a file the config names (users, ACL, certificates) is bad
         raise UsageError(str(exc)) from None
     except OSError as exc:
         print(
@@ -321,6 +431,21 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILURE
+    return 0
+
+
+def _passwd(args: argparse.Namespace) -> int:
+    from broker.security.passwd import PasswdError, edit_user, read_password
+
+    try:
+        password = None if args.delete else read_password()
+        done = edit_user(
+            args.file, args.name, groups=args.group, delete=args.delete, password=password
+        )
+    except PasswdError as exc:
+        print(f"topiary passwd: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"{done} user {args.name!r} in {args.file}", file=sys.stderr)
     return 0
 
 
@@ -337,7 +462,7 @@ async def _pub(args: argparse.Namespace) -> int:
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server) as client:
+    async with connect(args.server, tls=_tls(args), **args.login) as client:
         if args.message is not None:
             await client.publish(
                 args.topic, os.fsencode(args.message), confirm=args.confirm, retain=args.retain
@@ -374,7 +499,12 @@ async def _sub(args: argparse.Namespace) -> int:
     with trio.move_on_at(deadline) as waiting:
         async with (
             connect(
-                args.server, client_id=args.client_id, durable=args.durable, group=args.group
+                args.server,
+                client_id=args.client_id,
+                durable=args.durable,
+                group=args.group,
+                tls=_tls(args),
+                **args.login,
             ) as client,
             AsyncExitStack() as stack,
         ):
@@ -427,7 +557,7 @@ async def _print_query(args: argparse.Namespace, query: str, *, sort_keys: bool 
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server) as client:
+    async with connect(args.server, tls=_tls(args), **args.login) as client:
         answer = await getattr(client, query)()
     print(json.dumps(answer, indent=2, sort_keys=sort_keys))
     return 0
@@ -437,7 +567,7 @@ async def _session_drop(args: argparse.Namespace) -> int:
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server) as client:
+    async with connect(args.server, tls=_tls(args), **args.login) as client:
         dropped = await client.drop_session(args.client_id)
     if not dropped:
         print(f"topiary session drop: no durable session {args.client_id!r}", file=sys.stderr)

@@ -23,6 +23,12 @@ key, never a traceback and never a silently ignored typo.
     dedup_window = 100000          # recent publisher msg_ids remembered to drop repeats (0: off)
     turn_frames = 64               # a connection's frames handled before it checks its turn
     turn_time = 0.0005             # seconds of work after which a busy connection yields
+    max_connections = 0            # client connections at once, all front ends (0: no limit)
+    connection_rate = 0.0          # new connections per second, token bucket (0: no limit)
+    connection_burst = 0           # connections past the rate at once (0: one second's worth)
+    publish_rate = 0.0             # per connection: PUBs per second, token bucket (0: no limit)
+    publish_burst = 0              # PUBs past the rate at once (0: one second's worth)
+    max_subscriptions = 100000     # per client (0: no limit)
 
     [sessions]                     # durable sessions (need data_dir)
     max_messages = 1000000         # pending (unacked) messages per session
@@ -30,8 +36,11 @@ key, never a traceback and never a silently ignored typo.
     overflow = "drop-oldest"       # or "reject-publish"
     group_prefetch = 64            # unacked messages a shared-group member may hold
 
-    [auth]
-    token = "secret"               # HELLO credentials {"token": ...} must match
+    [auth]                         # docs/security.md
+    token = "secret"               # HELLO credentials {"token": ...} must match; or instead:
+    # users = "users.toml"         # users and password hashes, written by `topiary passwd`
+    # anonymous = false            # clients without credentials (default: only without users)
+    failure_delay = 1.0            # seconds a failed login waits for its refusal
 
     [acl]                          # topic ACLs (docs/security.md); off unless set
     file = "acl.toml"              # [[rule]] who/allow/deny/filter/dialect; SIGHUP reloads
@@ -55,6 +64,30 @@ key, never a traceback and never a silently ignored typo.
     backoff_max = 5.0              # longest wait between dial attempts
     queue_messages = 100000        # per link: events queued past this are dropped, counted
     queue_bytes = 67108864         # per link, payload bytes queued
+    ca = "ca.crt"                  # tls:// peers: verify their certificate (else system CAs)
+    cert = "peer.crt"              # tls:// peers: our client certificate (mutual TLS)
+    key = "peer.key"
+
+    # Trusted peers (docs/security.md) instead of peers + secret: once a peer is listed,
+    # only listed brokers and observers may link, each with its own credentials.
+    [[peering.peer]]
+    id = "b"                       # its broker id
+    address = "10.0.0.2:7474"      # optional: dial it
+    secret = "pair-secret"         # it presents this, and so do we when dialling it
+    cert = "CN=b"                  # optional: the subject its TLS client certificate must have
+    [[peering.observer]]           # a trusted observer (the Kafka bridge's route watcher)
+    id = "bridge-1"
+    secret = "bridge-secret"
+
+    [tls]                          # TLS listeners (docs/security.md); off unless a listen_* is set
+    cert = "server.crt"            # PEM, with any intermediates after it
+    key = "server.key"             # PEM, unencrypted
+    client_ca = "ca.crt"           # verify client certificates against this CA
+    require_client_cert = false    # true: no handshake without a verified client certificate
+    listen_native = "127.0.0.1:7443"      # native protocol (and peer links) over TLS
+    listen_mqtt = "127.0.0.1:8883"        # MQTT over TLS
+    listen_websocket = "127.0.0.1:8443"   # MQTT over secure WebSocket (wss)
+    listen_http = "127.0.0.1:7481"        # the operators' HTTP port over TLS (https)
 """
 
 from __future__ import annotations
@@ -66,6 +99,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.address import DEFAULT_PORT, parse_host_port, parse_listen
+from broker.trust import BROKER, OBSERVER, TrustedPeer, parse_entries
 from broker.wire.buffer import DEFAULT_MAX_FRAME, MAX_LENGTH
 
 #: The most durable sessions /metrics gives series of their own (label cardinality).
@@ -102,6 +136,9 @@ class BrokerConfig:
     overflow: str = "drop-oldest"
     group_prefetch: int = 64
     auth_token: str | None = None
+    auth_users: str | None = None  # the users file (broker/security/users.py); None: none
+    auth_anonymous: bool | None = None  # None: anonymous access only without a users file
+    auth_failure_delay: float = 1.0  # seconds before a failed login is refused
     acl_file: str | None = None  # the topic ACL file (broker/security/acl_file.py); None: off
     http_listen: str | None = None  # HOST:PORT of the operators' HTTP port; None: off
     http_top_sessions: int = 20  # durable sessions with their own /metrics series, by lag
@@ -117,6 +154,27 @@ class BrokerConfig:
     peer_backoff_max: float = 5.0
     peer_queue_messages: int = 100_000
     peer_queue_bytes: int = 64 * 1024 * 1024
+    # Trusted peers (broker/trust.py): [[peering.peer]] and [[peering.observer]]
+    trusted_peers: tuple[TrustedPeer, ...] = ()
+    trusted_observers: tuple[TrustedPeer, ...] = ()
+    # Limits against floods (broker/security/floods.py); 0: no limit
+    max_connections: int = 0
+    connection_rate: float = 0.0
+    connection_burst: int = 0
+    publish_rate: float = 0.0
+    publish_burst: int = 0
+    max_subscriptions: int = 100_000
+    peer_ca: str | None = None  # CA that tls:// peers' certificates must chain to
+    peer_cert: str | None = None  # our client certificate on tls:// peer links
+    peer_key: str | None = None
+    tls_cert: str | None = None  # PEM files for every TLS listener
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # verify client certificates against this CA
+    tls_require_client_cert: bool = False
+    tls_listen_native: str | None = None  # HOST:PORT for each protocol over TLS; None: off
+    tls_listen_mqtt: str | None = None
+    tls_listen_websocket: str | None = None
+    tls_listen_http: str | None = None
 
     def __post_init__(self) -> None:
         _check(self)
@@ -147,6 +205,12 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "dedup_window": "dedup_window",
         "turn_frames": "turn_frames",
         "turn_time": "turn_time",
+        "max_connections": "max_connections",
+        "connection_rate": "connection_rate",
+        "connection_burst": "connection_burst",
+        "publish_rate": "publish_rate",
+        "publish_burst": "publish_burst",
+        "max_subscriptions": "max_subscriptions",
     },
     "sessions": {
         "max_messages": "session_max_messages",
@@ -154,7 +218,12 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "overflow": "overflow",
         "group_prefetch": "group_prefetch",
     },
-    "auth": {"token": "auth_token"},
+    "auth": {
+        "token": "auth_token",
+        "users": "auth_users",
+        "anonymous": "auth_anonymous",
+        "failure_delay": "auth_failure_delay",
+    },
     "acl": {"file": "acl_file"},
     "http": {
         "listen": "http_listen",
@@ -172,6 +241,21 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "backoff_max": "peer_backoff_max",
         "queue_messages": "peer_queue_messages",
         "queue_bytes": "peer_queue_bytes",
+        "peer": "trusted_peers",
+        "observer": "trusted_observers",
+        "ca": "peer_ca",
+        "cert": "peer_cert",
+        "key": "peer_key",
+    },
+    "tls": {
+        "cert": "tls_cert",
+        "key": "tls_key",
+        "client_ca": "tls_client_ca",
+        "require_client_cert": "tls_require_client_cert",
+        "listen_native": "tls_listen_native",
+        "listen_mqtt": "tls_listen_mqtt",
+        "listen_websocket": "tls_listen_websocket",
+        "listen_http": "tls_listen_http",
     },
 }
 
@@ -198,6 +282,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "overflow": (str,),
     "group_prefetch": (int,),
     "auth_token": (str, type(None)),
+    "auth_users": (str, type(None)),
+    "auth_failure_delay": (int, float),
     "acl_file": (str, type(None)),
     "http_listen": (str, type(None)),
     "http_top_sessions": (int,),
@@ -213,13 +299,32 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "peer_backoff_max": (int, float),
     "peer_queue_messages": (int,),
     "peer_queue_bytes": (int,),
+    "trusted_peers": (tuple,),
+    "trusted_observers": (tuple,),
+    "max_connections": (int,),
+    "connection_rate": (int, float),
+    "connection_burst": (int,),
+    "publish_rate": (int, float),
+    "publish_burst": (int,),
+    "max_subscriptions": (int,),
+    "peer_ca": (str, type(None)),
+    "peer_cert": (str, type(None)),
+    "peer_key": (str, type(None)),
+    "tls_cert": (str, type(None)),
+    "tls_key": (str, type(None)),
+    "tls_client_ca": (str, type(None)),
+    "tls_require_client_cert": (bool,),
+    "tls_listen_native": (str, type(None)),
+    "tls_listen_mqtt": (str, type(None)),
+    "tls_listen_websocket": (str, type(None)),
+    "tls_listen_http": (str, type(None)),
 }
 
 
 def _check(cfg: BrokerConfig) -> None:
     for name, types in _TYPES.items():
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             wanted = " or ".join("none" if t is type(None) else t.__name__ for t in types)
             raise ConfigError(f"{name} must be {wanted}, got {type(value).__name__} {value!r}")
     if not 0 <= cfg.port <= 65535:
@@ -255,6 +360,10 @@ def _check(cfg: BrokerConfig) -> None:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     _check_peering(cfg)
+    _check_auth(cfg)
+    _check_trusted(cfg)
+    _check_flood_limits(cfg)
+    _check_tls(cfg)
     if cfg.http_listen is not None and parse_listen(cfg.http_listen) is None:
         raise ConfigError(f"http listen must be HOST:PORT, got {cfg.http_listen!r}")
     for name, what in (("mqtt_listen", "mqtt listen"), ("mqtt_websocket", "mqtt websocket")):
@@ -269,8 +378,11 @@ def _check(cfg: BrokerConfig) -> None:
 
 def _check_peering(cfg: BrokerConfig) -> None:
     for peer in cfg.peers:
-        if not isinstance(peer, str) or parse_host_port(peer) is None:
-            raise ConfigError(f"peers must be HOST:PORT strings, got {peer!r}")
+        address = peer.removeprefix("tls://") if isinstance(peer, str) else peer
+        if not isinstance(address, str) or parse_host_port(address) is None:
+            raise ConfigError(f"peers must be HOST:PORT or tls://HOST:PORT strings, got {peer!r}")
+    if (cfg.peer_cert is None) != (cfg.peer_key is None):
+        raise ConfigError("peering cert and key go together: set both or neither")
     if not 1 <= cfg.hop_limit <= 255:
         raise ConfigError(f"hop_limit must be in 1..255, got {cfg.hop_limit}")
     for name in ("sync_timeout", "peer_keepalive", "peer_backoff_max"):
@@ -286,6 +398,93 @@ def _check_peering(cfg: BrokerConfig) -> None:
             f"server_id must be 1..256 bytes without spaces or control characters, "
             f"got {cfg.server_id!r}"
         )
+
+
+def _check_auth(cfg: BrokerConfig) -> None:
+    if cfg.auth_anonymous is not None and not isinstance(cfg.auth_anonymous, bool):
+        raise ConfigError(f"auth anonymous must be true or false, got {cfg.auth_anonymous!r}")
+    if not 0 <= cfg.auth_failure_delay <= 60:
+        raise ConfigError(
+            f"auth failure_delay must be in [0, 60] seconds, got {cfg.auth_failure_delay}"
+        )
+    if cfg.auth_token is not None and cfg.auth_users is not None:
+        raise ConfigError(
+            "auth token and auth users cannot both be set: the token is one shared secret "
+            "for everyone, the users file gives each client its own"
+        )
+    if cfg.auth_users is not None and not cfg.auth_users:
+        raise ConfigError("auth users must name a file, got an empty string")
+
+
+def _check_trusted(cfg: BrokerConfig) -> None:
+    """[[peering.peer]] and [[peering.observer]]: valid ids, each once, and not mixed with
+    the open mesh's shared settings (broker/trust.py says why)."""
+    seen: set[str] = set()
+    for table, entries, role in (
+        ("peer", cfg.trusted_peers, BROKER),
+        ("observer", cfg.trusted_observers, OBSERVER),
+    ):
+        for entry in entries:
+            if not isinstance(entry, TrustedPeer) or entry.role != role:
+                raise ConfigError(f"[[peering.{table}]] entries must be {role} entries")
+            if not _valid_broker_id(entry.id):
+                raise ConfigError(
+                    f"[[peering.{table}]] id must be 1..256 bytes without spaces or control "
+                    f"characters, got {entry.id!r}"
+                )
+            if entry.id in seen:
+                raise ConfigError(f"[[peering.{table}]] id {entry.id!r} is listed twice")
+            seen.add(entry.id)
+            if cfg.server_id and entry.id == cfg.server_id:
+                raise ConfigError(
+                    f"[[peering.{table}]] id {entry.id!r} is this broker's own server_id"
+                )
+            address = entry.address
+            if address is not None and parse_host_port(address.removeprefix("tls://")) is None:
+                raise ConfigError(
+                    f"[[peering.{table}]] {entry.id}: address must be HOST:PORT or "
+                    f"tls://HOST:PORT, got {address!r}"
+                )
+    if cfg.trusted_peers and cfg.peers:
+        raise ConfigError(
+            "[peering] peers cannot be combined with [[peering.peer]]: give each peer to dial "
+            "an address in its [[peering.peer]] entry"
+        )
+    if cfg.trusted_peers and cfg.peer_secret is not None:
+        raise ConfigError(
+            "[peering] secret (one secret for the whole mesh) cannot be combined with "
+            "[[peering.peer]]: each listed peer has its own secret"
+        )
+
+
+def _check_flood_limits(cfg: BrokerConfig) -> None:
+    for name in ("max_connections", "connection_burst", "publish_burst", "max_subscriptions"):
+        if not 0 <= getattr(cfg, name) <= 1_000_000_000:
+            raise ConfigError(
+                f"{name} must be in 0..1000000000 (0: no limit), got {getattr(cfg, name)}"
+            )
+    for name in ("connection_rate", "publish_rate"):
+        value = getattr(cfg, name)
+        if not 0 <= value <= 1e9:  # (also refuses nan and inf)
+            raise ConfigError(f"{name} must be in [0, 1e9] per second (0: no limit), got {value}")
+
+
+_TLS_LISTENERS = ("listen_native", "listen_mqtt", "listen_websocket", "listen_http")
+
+
+def _check_tls(cfg: BrokerConfig) -> None:
+    """The [tls] table as a whole; the files themselves are read when the broker starts."""
+    listening = [name for name in _TLS_LISTENERS if getattr(cfg, f"tls_{name}") is not None]
+    for name in listening:
+        value = getattr(cfg, f"tls_{name}")
+        if parse_listen(value) is None:
+            raise ConfigError(f"tls {name} must be HOST:PORT, got {value!r}")
+    if (cfg.tls_cert is None) != (cfg.tls_key is None):
+        raise ConfigError("tls cert and key go together: set both or neither")
+    if listening and cfg.tls_cert is None:
+        raise ConfigError(f"tls {listening[0]} needs tls cert and key")
+    if cfg.tls_require_client_cert and cfg.tls_client_ca is None:
+        raise ConfigError("tls require_client_cert needs tls client_ca to verify them with")
 
 
 def _valid_broker_id(text: str) -> bool:
@@ -321,6 +520,12 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
                 )
             if keys[key] == "peers" and isinstance(value, list):
                 value = tuple(value)  # TOML arrays are lists; the config holds a tuple
+            elif keys[key] in ("trusted_peers", "trusted_observers"):
+                role = BROKER if key == "peer" else OBSERVER
+                try:
+                    value = parse_entries(value, role)
+                except ValueError as exc:
+                    raise ConfigError(f"{path}: {exc}") from None
             overrides[keys[key]] = value
     return overrides
 

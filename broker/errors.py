@@ -138,8 +138,9 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
             "The receiver does not speak the protocol version in HELLO or PEER_HELLO."
         ),
         _C.AUTH_FAILED: (
-            "The credentials in HELLO were refused, or the secret in PEER_HELLO is not the "
-            "listener's `peer_secret`."
+            "The credentials in HELLO were refused; or PEER_HELLO came from a broker or "
+            "observer the listener does not list, or without its secret or certificate (or "
+            "not with the mesh's shared `secret`); or a dialled peer answered with another id."
         ),
         _C.UNKNOWN_SUBSCRIPTION: "UNSUB named a subscription id this session does not hold.",
         _C.PAYLOAD_TOO_LARGE: "A PUB payload exceeds the broker's payload limit.",
@@ -215,8 +216,11 @@ def code_closes_connection(code: str) -> bool:
 
 
 #: Refusals that connecting again will not change (a bad credential, another protocol
-#: version): every client that reconnects gives up on these, and only these.
-REFUSED_FOR_GOOD: frozenset[ErrorCode] = frozenset({_C.AUTH_FAILED, _C.VERSION_MISMATCH})
+#: version, a durable session another identity owns): every client that reconnects gives up
+#: on these, and only these.
+REFUSED_FOR_GOOD: frozenset[ErrorCode] = frozenset(
+    {_C.AUTH_FAILED, _C.VERSION_MISMATCH, _C.NOT_AUTHORIZED}
+)
 
 
 def refused_for_good(code: str) -> bool:

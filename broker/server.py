@@ -32,6 +32,7 @@ from broker.mqtt.state import MqttFrontEnd
 from broker.native import ClientConnection, KeepaliveSweeper
 from broker.security import Reloadable, reload_all
 from broker.security.acl_file import AclFile
+from broker.security.tls import ClientTls, ServerTls, TlsListener, open_tls_listeners
 from broker.store import Store
 
 log = get_logger("topiary.server")
@@ -44,6 +45,8 @@ CONNECTION_TASK = "topiary.connection"
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
     socket = getattr(stream, "socket", None)
     try:
         host, port = socket.getpeername()[:2]  # type: ignore[union-attr]
@@ -65,6 +68,10 @@ class Server:
         self._sweeper = KeepaliveSweeper(broker.connections)
         # What SIGHUP re-reads (certificates, users, ACL rules): see broker/security/reload.py
         self.reloadables: list[Reloadable] = []
+        self.tls: ServerTls | None = None  # the TLS listeners' context, when any
+        # Where each protocol listens over TLS: "native", "mqtt", "websocket", "http"
+        self.tls_addresses: dict[str, list[tuple[str, int]]] = {}
+        self._handshaking: set[trio.CancelScope] = set()  # TLS handshakes in progress
 
     def reload(self) -> dict[str, str | None]:
         """Re-read what may change without a restart (SIGHUP); part name -> error or None."""
@@ -91,7 +98,7 @@ class Server:
         for group, _make, addresses in kinds:
             for listener in group:
                 sock = getattr(listener, "socket", None)
-                if sock is not None:
+                if sock is not None and not isinstance(listener, TlsListener):
                     addresses.append(sock.getsockname()[:2])
         everything = [listener for group, _make, _a in kinds for listener in group]
         async with trio.open_nursery() as connections:
@@ -110,6 +117,8 @@ class Server:
                 task_status.started(self.addresses)
                 await self._shutdown.wait()
                 accepting.cancel_scope.cancel()
+                for handshaking in self._handshaking:
+                    handshaking.cancel()
             for listener in everything:
                 await listener.aclose()
             log.info("shutting down", connections=len(broker.connections))
@@ -143,9 +152,30 @@ class Server:
                     await trio.sleep(ACCEPT_BACKOFF)
                     continue
                 raise
+            if isinstance(stream, trio.SSLStream):  # from a TlsListener
+                connections.start_soon(
+                    self._secure, listener.tls, stream, make, name=CONNECTION_TASK
+                )
+                continue
             connection = make(stream)
             # A name of our own, shared: trio would format one string per task (~100 bytes)
             connections.start_soon(connection.run, name=CONNECTION_TASK)
+
+    async def _secure(self, tls: ServerTls, stream: trio.SSLStream[Any], make: Any) -> None:
+        """TLS handshake in the connection's own task (bounded by hello_timeout), then
+        the connection, as on a plain listener."""
+        secured = False
+        scope = trio.CancelScope()
+        self._handshaking.add(scope)
+        try:
+            with scope:
+                secured = await tls.handshake(stream, self.broker.config.hello_timeout)
+        finally:
+            self._handshaking.discard(scope)
+        if not secured:
+            await trio.aclose_forcefully(stream)
+            return
+        await make(stream).run()
 
 
 async def run_broker(
@@ -165,7 +195,7 @@ async def run_broker(
     async with AsyncExitStack() as stack:
         store = None
         data_dir = config.data_dir
-        mqtt = config.mqtt_listen is not None or config.mqtt_websocket is not None
+        mqtt = _serves_mqtt(config)
         if data_dir is None and mqtt:
             # MQTT clients expect sessions that outlive a connection (3.1.1 without Clean
             # Session): without a data dir they are kept in a store that lives as long as
@@ -188,12 +218,30 @@ async def run_broker(
             acl = AclFile(broker, config.acl_file)
             acl.load()
             server.reloadables.append(acl)
+        if broker.logins.users is not None:  # SIGHUP re-reads the users file
+            server.reloadables.append(broker.logins.users)
+        if config.tls_cert is not None:  # bad files stop start-up here (ConfigError)
+            server.tls = ServerTls(config, broker.counters)
+            server.reloadables.append(server.tls)
+        if isinstance(broker.peering, Peering) and _dials_tls(config):
+            broker.peering.tls = ClientTls(config)
+            server.reloadables.append(broker.peering.tls)
         listeners = await trio.open_tcp_listeners(config.port, host=config.host)
         mqtt_listeners = await _listen(config.mqtt_listen)
         mqtt_ws_listeners = await _listen(config.mqtt_websocket)
+        secure = {
+            "native": await open_tls_listeners(config.tls_listen_native, server.tls),
+            "mqtt": await open_tls_listeners(config.tls_listen_mqtt, server.tls),
+            "websocket": await open_tls_listeners(config.tls_listen_websocket, server.tls),
+            "http": await open_tls_listeners(config.tls_listen_http, server.tls),
+        }
+        for kind, opened in secure.items():
+            if opened:
+                server.tls_addresses[kind] = [tl.socket.getsockname()[:2] for tl in opened]
+                log.info("listening over tls", protocol=kind, addresses=server.tls_addresses[kind])
         async with trio.open_nursery() as nursery:
             timers = trio.CancelScope()  # the MQTT front end's (delayed wills, expiries)
-            if config.mqtt_listen is not None or config.mqtt_websocket is not None:
+            if mqtt:
                 server.mqtt = MqttFrontEnd(broker)
                 broker.frontends["mqtt"] = server.mqtt
                 await nursery.start(_run_in_scope, server.mqtt.run, timers)
@@ -207,17 +255,18 @@ async def run_broker(
             if acl is not None:
                 await nursery.start(_run_in_scope, acl.run, acl_store)
             operators = trio.CancelScope()
-            if config.http_listen is not None:
+            if config.http_listen is not None or secure["http"]:
                 server.http = HttpServer(
                     broker_routes(broker), request_timeout=config.http_request_timeout
                 )
-                await nursery.start(_serve_http, server.http, config.http_listen, operators)
+                http_listeners = [*await _listen(config.http_listen), *secure["http"]]
+                await nursery.start(_serve_http, server.http, http_listeners, operators)
             await nursery.start(
                 partial(
                     server.serve,
-                    listeners,
-                    mqtt_listeners=mqtt_listeners,
-                    mqtt_ws_listeners=mqtt_ws_listeners,
+                    [*listeners, *secure["native"]],
+                    mqtt_listeners=[*mqtt_listeners, *secure["mqtt"]],
+                    mqtt_ws_listeners=[*mqtt_ws_listeners, *secure["websocket"]],
                 )
             )
             task_status.started(server)
@@ -230,6 +279,24 @@ async def run_broker(
             operators.cancel()  # the HTTP port answers until the last client has gone
             timers.cancel()
             acl_store.cancel()
+
+
+def _serves_mqtt(config: BrokerConfig) -> bool:
+    return any(
+        listen is not None
+        for listen in (
+            config.mqtt_listen,
+            config.mqtt_websocket,
+            config.tls_listen_mqtt,
+            config.tls_listen_websocket,
+        )
+    )
+
+
+def _dials_tls(config: BrokerConfig) -> bool:
+    """Whether peer links dial over TLS (a ``tls://`` peer), so need a client context."""
+    addresses = [*config.peers, *(entry.address for entry in config.trusted_peers)]
+    return any(address and address.startswith("tls://") for address in addresses)
 
 
 async def _listen(listen: str | None) -> list[trio.SocketListener]:
@@ -254,15 +321,11 @@ async def _run_in_scope(
 
 async def _serve_http(
     http: HttpServer,
-    listen: str,
+    listeners: list[Any],
     scope: trio.CancelScope,
     *,
     task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    parsed = parse_listen(listen)
-    assert parsed is not None  # checked with the config
-    host, port = parsed
-    listeners = await trio.open_tcp_listeners(port, host=host)
     with scope:
         await http.serve(listeners, task_status=task_status)
 

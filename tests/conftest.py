@@ -13,6 +13,7 @@ from bridges.tansu import Tansu, TansuUnavailable, start_tansu
 from broker.config import BrokerConfig
 from broker.server import Server, run_broker
 from tests.benchrun import ROOT, QuickRun
+from tests.certs import Issued, Pki
 
 # CI runs the same examples every time (derandomize): a red build then means the change,
 # not the dice; local runs explore new examples.
@@ -43,6 +44,27 @@ async def server() -> AsyncIterator[Server]:
 @pytest.fixture
 def address(server: Server) -> tuple[str, int]:
     return server.addresses[0]
+
+
+# -- TLS (tests/certs.py) ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """One test CA for the session."""
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
+def server_cert(pki: Pki) -> Issued:
+    """A server certificate for 127.0.0.1 and localhost."""
+    return pki.server()
+
+
+@pytest.fixture(scope="session")
+def alice(pki: Pki) -> Issued:
+    """A client certificate: ``CN=alice,O=example``."""
+    return pki.client("alice", "example")
 
 
 # -- Kafka (Tansu) -------------------------------------------------------------------------

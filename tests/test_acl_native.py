@@ -1,6 +1,6 @@
-"""Topic ACLs through the native protocol and client, end to end on 127.0.0.1, and in the
-core with hand-made identities (logins are another part: until they land every client is
-anonymous, so user, group and certificate rules are tested at the core)."""
+"""Topic ACLs through the native protocol and client, end to end on 127.0.0.1 (anonymous
+clients: ``*`` and ``%c`` rules), and in the core with hand-made identities (user, group and
+certificate rules; tests/test_acl_logins.py has them with real logins)."""
 
 from __future__ import annotations
 

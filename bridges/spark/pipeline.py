@@ -59,6 +59,14 @@ def sink_options(config: BridgeConfig) -> dict[str, str]:
     }
     if config.token is not None:
         options["token"] = config.token
+    if config.username is not None and config.password is not None:
+        options["username"] = config.username
+        options["password"] = config.password
+    if config.tls:  # paths, not a context: each executor (another process) makes its own
+        options["tls"] = "true"
+        for name in ("ca", "cert", "key"):
+            if getattr(config, name) is not None:
+                options[name] = getattr(config, name)
     for key, value in config.producer_config().items():
         options[f"kafka.{key}"] = str(value).lower() if isinstance(value, bool) else str(value)
     return options

@@ -11,11 +11,13 @@ the trio thread, so it never sees a table half-updated.
 from __future__ import annotations
 
 import contextlib
+import ssl
 import threading
 from dataclasses import dataclass
 
 import trio
 
+from bridges.config import BridgeConfig
 from bridges.routes import RouteWatcher
 from routing.filters import Filter
 
@@ -29,14 +31,31 @@ class WantedFilters:
 
 
 class RouteFeed:
-    def __init__(self, server: str, *, observer_id: str, secret: str | None = None) -> None:
-        self.watcher = RouteWatcher(server, observer_id=observer_id, secret=secret)
+    def __init__(
+        self,
+        server: str,
+        *,
+        observer_id: str,
+        secret: str | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.watcher = RouteWatcher(server, observer_id=observer_id, secret=secret, tls=tls)
         self._token: trio.lowlevel.TrioToken | None = None
         self._started = threading.Event()
         self._stop: trio.Event | None = None
         self._thread = threading.Thread(target=self._main, name="topiary-routes", daemon=True)
         self._last: WantedFilters = WantedFilters((), 0)
         self._failure: BaseException | None = None
+
+    @classmethod
+    def of(cls, config: BridgeConfig) -> RouteFeed:
+        """The feed a bridge config asks for: its broker, observer id and secret, and TLS."""
+        return cls(
+            config.server,
+            observer_id=config.observer_id,
+            secret=config.peer_secret,
+            tls=config.tls_context(),
+        )
 
     def start(self) -> RouteFeed:
         self._thread.start()

@@ -27,7 +27,7 @@ def run_spark_bridge(config: BridgeConfig, *, available_now: bool = False) -> in
 
     master = config.spark.master
     # The route feed connects while the JVM starts.
-    feed = RouteFeed(config.server, observer_id=config.observer_id, secret=config.peer_secret)
+    feed = RouteFeed.of(config)
     feed.start()
     figures = port = None
     if config.http_listen is not None:  # the driver serves /metrics (bridges/spark/metrics.py)

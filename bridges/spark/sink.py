@@ -14,7 +14,10 @@ Rows (columns by name): ``topic`` (STRING; NULL for a malformed record), ``value
 ``topic/partition/offset``; without it a dead letter's source is ``msg_id`` without its
 ``kafka/`` prefix).
 
-Options: ``server`` (HOST:PORT, required), ``token``, ``backoff_max`` (seconds),
+Options: ``server`` (HOST:PORT, required), ``token``, ``username`` with ``password``
+(HELLO credentials), ``tls`` ("true": TLS to ``server``, verified against ``ca`` or the
+system's CAs, with ``cert`` and ``key`` as a client certificate: file paths each task
+reads, so they must exist on every executor), ``backoff_max`` (seconds),
 ``dead_letter_topic`` with ``kafka.*`` settings for its producer, ``filters`` (JSON
 ``[[text, dialect], ...]``): when given, rows whose topic matches none are dropped here
 (``routing.SubscriptionTable`` over the Arrow batch) instead of by the query, and
@@ -192,22 +195,29 @@ async def _connect(stack: Any, options: dict[str, str], backoff_max: float) -> A
     with it the query, loudly."""
     import trio
 
+    from bridges.config import broker_tls_context, hello_credentials
+    from bridges.delivery import connect_failure
     from broker.client import BrokerError, ConnectionLost, connect, worth_retrying
 
-    credentials = {"token": options["token"]} if options.get("token") else None
+    credentials = hello_credentials(
+        options.get("token"), options.get("username"), options.get("password")
+    )
+    tls = broker_tls_context(
+        options.get("tls") == "true", options.get("ca"), options.get("cert"), options.get("key")
+    )
     delay = 0.1
     while True:
         try:
             client = connect(
                 options["server"], credentials=credentials, reconnect=True,
-                backoff=(0.05, backoff_max),
+                backoff=(0.05, backoff_max), tls=tls,
             )  # fmt: skip
             return await stack.enter_async_context(client)
         except (OSError, ConnectionLost, BrokerError, trio.BrokenResourceError) as exc:
             if not worth_retrying(exc):
                 raise
-            log.warning("broker unreachable", server=options["server"], error=str(exc),
-                        retry_in=round(delay, 2))  # fmt: skip
+            log.warning("broker unreachable", server=options["server"],
+                        error=connect_failure(exc), retry_in=round(delay, 2))  # fmt: skip
         await trio.sleep(delay)
         delay = min(delay * 2, backoff_max)
 

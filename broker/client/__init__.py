@@ -1,7 +1,7 @@
 """The native client library: ``connect`` to a broker, publish, subscribe, ack."""
 
 from broker.address import parse_server
-from broker.client.client import Client, connect
+from broker.client.client import Client, connect, tls_context
 from broker.client.errors import BrokerError, ConnectionLost, worth_retrying
 from broker.client.subscription import Message, Subscription
 from broker.errors import ProtocolError
@@ -15,5 +15,6 @@ __all__ = [
     "Subscription",
     "connect",
     "parse_server",
+    "tls_context",
     "worth_retrying",
 ]

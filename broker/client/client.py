@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -55,6 +56,7 @@ from broker.client.waiters import Batch, BatchPart, Pending, Waiter
 from broker.errors import RemoteProtocolError, refused_for_good
 from broker.log import get_logger
 from broker.net import RECEIVE_SIZE, Backoff, receive_frame
+from broker.security.tls import client_context
 from broker.wire import frames
 from broker.wire.checks import MAX_MSG_ID_BYTES
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
@@ -93,8 +95,10 @@ class Client:
         backoff: tuple[float, float],
         durable: bool = False,
         group: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.address = parse_server(server)
+        self.tls = tls
         self.group = group
         self.durable = durable or group is not None
         self.session_present = False
@@ -109,7 +113,7 @@ class Client:
         self.discarded = 0  # messages the broker said it dropped for us (MSG ``discarded``)
         self.reconnects = 0
         self._ids = itertools.count(1)
-        self._stream: trio.SocketStream | None = None
+        self._stream: trio.abc.Stream | None = None
         self._proto = Connection(Role.CLIENT)
         self._waiters: dict[int, Pending] = {}
         self._subs: dict[int, Subscription] = {}  # broker sub id -> subscription
@@ -129,7 +133,9 @@ class Client:
 
     async def _open(self) -> None:
         host, port = self.address
-        stream = await trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+        if self.tls is not None:
+            stream = await _secure(stream, self.tls, host)
         proto = Connection(Role.CLIENT)
         client_id = self.client_id or self.requested_client_id
         hello = frames.Hello(
@@ -615,6 +621,27 @@ class Client:
                 await self._out_drained.wait()
 
 
+async def _secure(stream: trio.abc.Stream, context: ssl.SSLContext, host: str) -> trio.abc.Stream:
+    """The client side of TLS over ``stream``, handshaken; ``host`` (a name or an IP
+    address) is what the certificate must name when the context checks hostnames."""
+    secure = trio.SSLStream(stream, context, server_hostname=host, https_compatible=True)
+    try:
+        await secure.do_handshake()
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    return secure
+
+
+def tls_context(
+    ca: str | None = None, cert: str | None = None, key: str | None = None
+) -> ssl.SSLContext:
+    """A client context: the broker's certificate verified against ``ca`` (else the system's
+    CAs) and its name checked, TLS 1.2 or later; ``cert`` and ``key`` for a client
+    certificate. A file that cannot be used raises ``ConfigError`` naming it."""
+    return client_context(ca, cert, key)
+
+
 @asynccontextmanager
 async def connect(
     server: str | tuple[str, int] = f"127.0.0.1:{DEFAULT_PORT}",
@@ -626,17 +653,33 @@ async def connect(
     backoff: tuple[float, float] = (0.05, 5.0),
     durable: bool = False,
     group: str | None = None,
+    username: str | None = None,
+    password: str | None = None,
+    tls: ssl.SSLContext | bool | None = None,
 ) -> AsyncIterator[Client]:
     """Connect and say HELLO; raises BrokerError if refused, OSError if unreachable.
+
+    ``username`` and ``password`` log in as a user of the broker's users file (a refusal is
+    BrokerError AUTH_FAILED); they travel in HELLO's ``credentials`` (with whatever
+    ``credentials`` holds, such as an old-style ``{"token": ...}``).
 
     ``durable=True`` (with a ``client_id``) resumes or creates a durable session: the
     broker keeps its subscriptions and stores its messages while it is away, and sends
     everything after the last ``ack`` when it comes back (``client.session_present``).
     ``group="name"`` joins a shared group: the members share one durable session and each
     message goes to one of them; acknowledge each with ``ack(seq, single=True)``.
+    ``tls`` speaks TLS: an ``ssl.SSLContext`` (``tls_context(ca, cert, key)`` makes one),
+    or True for the system's CAs; the broker's certificate must name the host dialled.
+    A failed TLS handshake raises ``trio.BrokenResourceError`` (its cause says why).
     """
     if not (math.isfinite(keepalive) and keepalive > 0):
         raise ValueError("keepalive must be a positive number of seconds")
+    if username is not None or password is not None:
+        credentials = dict(credentials or {})
+        if username is not None:
+            credentials["username"] = username
+        if password is not None:
+            credentials["password"] = password
     client = Client(
         server,
         client_id=client_id,
@@ -646,6 +689,7 @@ async def connect(
         backoff=backoff,
         durable=durable,
         group=group,
+        tls=tls_context() if tls is True else (tls or None),
     )
     await client._open()
     async with trio.open_nursery() as nursery:

@@ -12,6 +12,7 @@ from broker.core.groups import GROUP_PREFIX, Group, Member, group_session_id
 from broker.core.message import Message
 from broker.core.router import Broker
 from broker.core.session import Holder, OutboundLimits, Session, SubRef
+from broker.core.sessions import NotOwner
 
 __all__ = [
     "GROUP_PREFIX",
@@ -23,6 +24,7 @@ __all__ = [
     "Member",
     "Mesh",
     "Message",
+    "NotOwner",
     "NullMesh",
     "OutboundLimits",
     "QuotaExceeded",

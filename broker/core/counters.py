@@ -33,7 +33,12 @@ class Counters:
     acl_denied_publish: int = 0
     acl_denied_subscribe: int = 0
     acl_denied_deliveries: int = 0
+    logins: int = 0  # user name and password checked and accepted
+    auth_failures: int = 0  # logins refused: bad credentials, or anonymous when it is off
+    tls_handshake_failures: int = 0  # not TLS, an old version, a bad client cert, too slow
     errors: Counter[str] = field(default_factory=Counter)
+    # refusals by limit against floods (broker/security/floods.py): limit name -> count
+    limit_refused: Counter[str] = field(default_factory=Counter)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -61,5 +66,9 @@ class Counters:
             "acl_denied_publish": self.acl_denied_publish,
             "acl_denied_subscribe": self.acl_denied_subscribe,
             "acl_denied_deliveries": self.acl_denied_deliveries,
+            "logins": self.logins,
+            "auth_failures": self.auth_failures,
+            "tls_handshake_failures": self.tls_handshake_failures,
             "errors": dict(self.errors),
+            "limit_refused": dict(self.limit_refused),
         }

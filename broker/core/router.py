@@ -44,10 +44,12 @@ from broker.core.message import Message
 from broker.core.reports import REPORTS_FILTER, Reports
 from broker.core.retained import Retained
 from broker.core.session import OutboundLimits, Session
-from broker.core.sessions import SessionRegistry, run_prefix
+from broker.core.sessions import NotOwner, SessionRegistry, may_own, run_prefix
 from broker.histogram import Histogram
 from broker.log import get_logger
+from broker.security.floods import FloodGuard
 from broker.security.identity import Identity
+from broker.security.logins import Logins
 from broker.store import Pending, Store, StoreError
 from routing.acl import Access, Policy
 
@@ -87,6 +89,10 @@ class Broker:
         self.server_id = self.config.server_id or f"topiary-{os.getpid()}"
         self.table = routing.SubscriptionTable(cache_size=self.config.match_cache)
         self.counters = Counters()
+        # Who may connect (users file, anonymous access): raises ConfigError for a bad file.
+        self.logins = Logins(self.config, self.counters)
+        # Limits against floods (connections, rates, subscriptions): the front ends ask it.
+        self.guard = FloodGuard(self.config, self.counters)
         # The busiest topics and filters, sampled (one routed message in ~64; see hot.py).
         self.hot = HotSpots()
         self.connections: set[Any] = set()  # ClientConnection objects, for shutdown
@@ -145,8 +151,16 @@ class Broker:
     def open_session(self, client_id: str | None) -> Session:
         return self.registry.open_transient(client_id)
 
-    async def open_durable(self, client_id: str) -> tuple[Session, bool]:
-        return await self.registry.open_durable(client_id)
+    async def open_durable(self, client_id: str, owner: str | None = None) -> tuple[Session, bool]:
+        """The durable session (``SessionRegistry.open_durable``: ``NotOwner`` when it
+        belongs to an identity other than ``owner``) and whether it existed."""
+        return await self.registry.open_durable(client_id, owner)
+
+    def may_own(self, client_id: str, owner: str) -> bool:
+        """Whether ``owner`` may open or drop the durable session ``client_id`` (True when
+        there is none): front ends ask before they take over a connection holding it."""
+        session = self.registry.durable.get(client_id)
+        return session is None or may_own(session, owner)
 
     async def open_group(self, name: str) -> tuple[Group, bool]:
         return await self.registry.open_group(name)
@@ -228,14 +242,21 @@ class Broker:
         for session, seq in deliveries:
             session.mark_committed(seq)
 
-    async def drop_session(self, client_id: str, requester: Session | None = None) -> bool:
+    async def drop_session(
+        self, client_id: str, requester: Session | None = None, owner: str | None = None
+    ) -> bool:
         """Delete a durable session and what is stored for it.
 
         A connection holding it is closed with SESSION_TAKEN, unless it is the requester's
         own: that one carries on as a transient session (its subscriptions stay live).
+        Given an ``owner`` (the requester's ``Identity.owner``), a session that belongs to
+        another identity is not touched: ``NotOwner``.
         """
         if self.store is None:
             return False
+        held = self.registry.durable.get(client_id)
+        if held is not None and not may_own(held, owner):
+            raise NotOwner(client_id)
         session = self.registry.durable.pop(client_id, None)
         if isinstance(session, Group):
             self.registry.forget_group(session)

@@ -189,6 +189,7 @@ class Session:
         "limits",
         "on_failure",
         "on_revoked",
+        "owner",
         "principal",
         "quota_dropped",
         "ready",
@@ -211,6 +212,9 @@ class Session:
     ) -> None:
         self.client_id = client_id
         self.durable = durable
+        # durable only: the identity that may open and drop it (``Identity.owner``); None
+        # for a transient session, a shared group, or one stored before owners existed
+        self.owner: str | None = None
         # durable only: the connection reading this session (None while away), what it was
         # sent, what the client acked, and what the store has committed
         self.connection: Holder | None = None

@@ -51,6 +51,20 @@ def run_prefix() -> str:
     return f"{_base36(time.time_ns() // 1_000_000)}-"
 
 
+class NotOwner(Exception):
+    """A durable session that belongs to another identity: it may not be opened or dropped."""
+
+    def __init__(self, client_id: str) -> None:
+        super().__init__(f"durable session {client_id!r} belongs to another identity")
+
+
+def may_own(session: Session, owner: str | None) -> bool:
+    """Whether ``owner`` may open or drop ``session``: its owner, or anyone when it has none
+    (a shared group, or a session stored before owners existed); ``owner`` None skips the
+    check (the broker's own calls)."""
+    return owner is None or session.owner is None or session.owner == owner
+
+
 class SessionRegistry:
     """Every session a broker has: transient by key, durable by client id, groups by name."""
 
@@ -98,15 +112,29 @@ class SessionRegistry:
 
     # -- durable and groups --------------------------------------------------------------
 
-    async def open_durable(self, client_id: str) -> tuple[Session, bool]:
-        """The durable session ``client_id`` and whether it existed (session_present)."""
+    async def open_durable(self, client_id: str, owner: str | None = None) -> tuple[Session, bool]:
+        """The durable session ``client_id`` and whether it existed (session_present).
+
+        A new session belongs to ``owner``; an existing one opens only for its owner
+        (``NotOwner`` otherwise), and one without an owner becomes ``owner``'s."""
         async with self._creating:  # two first connections at once: one session
             session = self.durable.get(client_id)
             if session is not None:
+                if not may_own(session, owner):
+                    raise NotOwner(client_id)
+                if owner is not None and session.owner is None and not session.shared:
+                    assert self.store is not None
+                    session.owner = await self.store.claim_session(client_id, owner)
+                    if session.owner != owner:
+                        raise NotOwner(client_id)
                 return session, True
             assert self.store is not None
-            record = await self.store.create_session(client_id, None)
-            return self._new_durable(client_id, record.next_seq - 1, record.last_ack), False
+            record = await self.store.create_session(client_id, None, owner)
+            session = self._new_durable(client_id, record.next_seq - 1, record.last_ack)
+            session.owner = record.owner
+            if not may_own(session, owner):  # (created meanwhile by another broker process)
+                raise NotOwner(client_id)
+            return session, False
 
     async def open_group(self, name: str) -> tuple[Group, bool]:
         """Shared group ``name`` (its durable session created if new) and whether it existed."""
@@ -134,6 +162,7 @@ class SessionRegistry:
                 await self._load_group_queue(session, record, now)
             else:
                 session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
+                session.owner = record.owner
                 if record.pending:
                     session.track(record.next_seq - 1, record.pending_bytes, now, record.pending)
             restored.append((session, record.filters))
@@ -189,6 +218,7 @@ class SessionRegistry:
                 "pending_bytes": session.backlog_bytes,
                 "quota_dropped": session.quota_dropped,
                 "deferred": session.deferred,  # sent from the store: queue full or away
+                "owner": session.owner,  # the identity it belongs to (None: anyone's)
                 **(
                     {
                         "group": session.name,

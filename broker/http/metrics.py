@@ -36,6 +36,7 @@ from prometheus_client.utils import floatToGoString
 
 from broker.core import Broker, Session
 from broker.histogram import Histogram
+from broker.security.floods import LIMITS
 
 #: The label value of the series that adds up the sessions outside the top N.
 OTHER = "other"
@@ -90,6 +91,16 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "acl_denied_deliveries",
         "Messages not delivered to a subscriber because a deny-subscribe rule matched.",
     ),
+    "logins": ("logins", "Logins with a user name and password that were accepted."),
+    "auth_failures": (
+        "auth_failures",
+        "Logins refused: a bad user name or password, or anonymous access when it is off.",
+    ),
+    "tls_handshake_failures": (
+        "tls_handshake_failures",
+        "TLS handshakes that failed on the TLS listeners (plain text, an old version, "
+        "a missing or bad client certificate, too slow).",
+    ),
 }
 
 
@@ -113,6 +124,14 @@ class BrokerCollector:
         for code, count in sorted(counters.errors.items()):
             errors.add_metric([code], count)
         yield errors
+        refused = CounterMetricFamily(
+            "topiary_limit_refused",
+            "Connections, PUBs and subscriptions refused by a limit against floods, by limit.",
+            labels=["limit"],
+        )
+        for limit in LIMITS:
+            refused.add_metric([limit], counters.limit_refused.get(limit, 0))
+        yield refused
         yield _gauge("topiary_connections", "Client connections open now.", len(broker.connections))
         yield _frontends(broker)
         yield _gauge(
@@ -331,8 +350,10 @@ PEER_COUNTERS: dict[str, str] = {
     "quota_rejected": "Forwarded events refused by reject-publish quotas.",
     "links_opened": "Peer links opened.",
     "links_refused": "Peer links refused.",
+    "auth_failures": "Peer links refused for their credentials (unknown id, bad secret or cert).",
     "sync_waits": "Sync SUBs that waited for every reachable broker's ack.",
     "sync_timeouts": "Sync SUBs whose wait timed out.",
+    "tls_dial_failures": "Dials to tls:// peers whose TLS handshake failed (certificate, name).",
 }
 
 

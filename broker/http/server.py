@@ -104,10 +104,15 @@ class HttpServer:
                     log.error("http accept failed", error=str(exc))
                     await trio.sleep(0.1)
                     continue
-                nursery.start_soon(self._connection, stream)
+                nursery.start_soon(self._connection, stream, getattr(listener, "tls", None))
 
-    async def _connection(self, stream: trio.abc.Stream) -> None:
+    async def _connection(self, stream: trio.abc.Stream, tls: Any = None) -> None:
+        """One client, over TLS when ``tls`` (a ``ServerTls``) made the stream: its
+        handshake is done here, within ``request_timeout``, not in the accept loop."""
         self.counters.connections += 1
+        if tls is not None and not await tls.handshake(stream, self.request_timeout):
+            await trio.aclose_forcefully(stream)
+            return
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.max_request_head)
         try:
             async with stream:

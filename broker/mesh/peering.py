@@ -25,7 +25,6 @@ from typing import Any
 import trio
 
 import routing
-from broker.address import parse_host_port
 from broker.core import Broker, DurableWork, QuotaExceeded
 from broker.core.message import Message
 from broker.errors import ErrorCode, RemoteProtocolError
@@ -34,6 +33,10 @@ from broker.mesh.handshake import dial_handshake
 from broker.mesh.link import Keepalive, PeerLink
 from broker.mesh.translate import to_frame, update_from
 from broker.net import Backoff, send_error
+from broker.security import certificate_subject
+from broker.security.throttle import Throttle
+from broker.security.tls import ClientTls, describe_failure, parse_peer
+from broker.trust import Trust, TrustedPeer
 from broker.wire.codec import encode_fwd
 from broker.wire.connection import Connection, Role
 from broker.wire.frames import (
@@ -72,8 +75,10 @@ class PeerCounters:
     quota_rejected: int = 0
     links_opened: int = 0
     links_refused: int = 0
+    auth_failures: int = 0  # of those, for their credentials (unknown id, bad secret or cert)
     sync_waits: int = 0
     sync_timeouts: int = 0
+    tls_dial_failures: int = 0  # dials to tls:// peers whose handshake failed (bad cert, name)
 
 
 class Peering:
@@ -100,6 +105,12 @@ class Peering:
         self._changed = trio.Event()
         self._dialled: dict[str, str] = {}  # configured address -> the peer id found there
         self._nursery: trio.Nursery | None = None
+        # Who may link, and with what credentials (broker/trust.py)
+        self.trust = Trust(
+            (*self.config.trusted_peers, *self.config.trusted_observers), self.config.peer_secret
+        )
+        self._refusals_logged = Throttle()
+        self.tls: ClientTls | None = None  # the context tls:// peers are dialled with
         # Every link, dialled or accepted, is paced and bounded by this broker's config.
         self._new_link = partial(
             PeerLink,
@@ -108,7 +119,7 @@ class Peering:
             max_events=self.config.peer_queue_messages,
             max_event_bytes=self.config.peer_queue_bytes,
         )
-        if self.config.peers:
+        if self.config.peers or self.trust.entries:  # (a listed peer or observer: a mesh)
             self.activate()
 
     # -- local subscriptions ---------------------------------------------------------------
@@ -284,17 +295,16 @@ class Peering:
 
     # -- links -------------------------------------------------------------------------------
 
-    def _check_hello(
-        self, broker_id: str, incarnation: int, version: int, secret: str | None, role: str
-    ) -> RemoteProtocolError | None:
-        if version != PROTOCOL_VERSION:
+    def _check_hello(self, hello: PeerHello, cert: str | None) -> RemoteProtocolError | None:
+        broker_id, incarnation = hello.broker_id, hello.incarnation
+        if hello.version != PROTOCOL_VERSION:
             return RemoteProtocolError(
                 ErrorCode.VERSION_MISMATCH,
-                f"this broker speaks protocol version {PROTOCOL_VERSION}, not {version}",
+                f"this broker speaks protocol version {PROTOCOL_VERSION}, not {hello.version}",
             )
-        expected = self.config.peer_secret
-        if expected is not None and secret != expected:
-            return RemoteProtocolError(ErrorCode.AUTH_FAILED, "bad or missing peer secret")
+        why = self.trust.refusal(broker_id, hello.role, hello.secret, cert)
+        if why is not None:
+            return RemoteProtocolError(ErrorCode.AUTH_FAILED, why)
         if broker_id == self.self_id:
             return RemoteProtocolError(
                 ErrorCode.BROKER_ID_CLASH, f"{broker_id!r} is this broker's own id"
@@ -353,12 +363,23 @@ class Peering:
         self, stream: trio.abc.Stream, proto: Connection, hello: PeerHello, address: str
     ) -> None:
         """A PEER_HELLO arrived on an ordinary connection: answer it and serve the link."""
-        problem = self._check_hello(
-            hello.broker_id, hello.incarnation, hello.version, hello.secret, hello.role
-        )
+        problem = self._check_hello(hello, certificate_subject(stream))
         if problem is not None:
             self.counters.links_refused += 1
-            log.warning("peer refused", peer=hello.broker_id, code=str(problem.code))
+            if problem.code == ErrorCode.AUTH_FAILED:
+                self.counters.auth_failures += 1
+            # A flood of bad PEER_HELLOs is counted in full but logged once per 10 s per id.
+            count = self._refusals_logged.due(f"{hello.role}:{hello.broker_id}")
+            if count:
+                log.warning(
+                    "peer refused",
+                    peer=hello.broker_id,
+                    role=hello.role,
+                    address=address,
+                    code=str(problem.code),
+                    why=problem.text,
+                    refused=count,
+                )
             await send_error(stream, proto, problem)
             return
         # The digest in our welcome must already cover every local filter: an observer (the
@@ -378,7 +399,10 @@ class Peering:
             self._nursery = nursery
             nursery.start_soon(self._flush_loop)
             for address in self.config.peers:
-                nursery.start_soon(self._dial_loop, address)
+                nursery.start_soon(self._dial_loop, address, None)
+            for entry in self.trust.dialled():
+                assert entry.address is not None
+                nursery.start_soon(self._dial_loop, entry.address, entry)
             task_status.started()
 
     def shutdown(self) -> None:
@@ -387,10 +411,13 @@ class Peering:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    async def _dial_loop(self, address: str) -> None:
-        parsed = parse_host_port(address)
+    async def _dial_loop(self, address: str, expect: TrustedPeer | None) -> None:
+        """Dial ``address`` for as long as the broker runs: a plain ``peers`` address
+        (``expect`` None), or a listed peer, which must answer with its own id; a
+        ``tls://`` address is dialled over TLS."""
+        parsed = parse_peer(address)
         assert parsed is not None  # checked with the config
-        host, port = parsed
+        host, port = parsed.host, parsed.port
         backoff = Backoff(BACKOFF_MIN, self.config.peer_backoff_max)
         while True:
             known = self._dialled.get(address)
@@ -399,11 +426,16 @@ class Peering:
             opened = False
             try:
                 stream = await trio.open_tcp_stream(host, port)
+                if parsed.tls:
+                    stream = await self._secure(stream, host, address)
             except OSError as exc:
                 log.debug("peer dial failed", address=address, error=str(exc))
+            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+                self.counters.tls_dial_failures += 1
+                log.error("peer tls handshake failed", address=address, error=describe_failure(exc))
             else:
                 try:
-                    opened = await self._dial(stream, address)
+                    opened = await self._dial(stream, address, expect)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     log.info("peer link lost", address=address, error=str(exc))
                 finally:
@@ -412,7 +444,18 @@ class Peering:
                 backoff.reset()
             await backoff.wait()
 
-    async def _dial(self, stream: trio.abc.Stream, address: str) -> bool:
+    async def _secure(self, stream: trio.SocketStream, host: str, address: str) -> trio.abc.Stream:
+        """TLS over a dialled ``stream``: the peer's certificate verified, for ``host``."""
+        assert self.tls is not None  # the server makes one when a peer is tls://
+        try:
+            return await self.tls.connect(stream, host, self.config.hello_timeout)
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+
+    async def _dial(
+        self, stream: trio.abc.Stream, address: str, expect: TrustedPeer | None = None
+    ) -> bool:
         """Handshake as the dialler and serve the link; True if the link opened."""
         proto = Connection(Role.PEER, max_frame=self.config.max_frame)
         hello = PeerHello(
@@ -420,7 +463,7 @@ class Peering:
             broker_id=self.self_id,
             incarnation=self.incarnation,
             role=BROKER,
-            secret=self.config.peer_secret,
+            secret=self.trust.dial_secret(expect.id if expect is not None else None),
             digest={o: list(v) for o, v in self.table.digest().items()},
             keepalive=self.config.peer_keepalive,
         )
@@ -434,6 +477,21 @@ class Peering:
             log.error("peer refused us", address=address, code=frame.code, text=frame.text)
             return False
         if frame is None:
+            return False
+        if expect is not None and frame.broker_id != expect.id:
+            # A listed peer's address answered with another id: take no route from it.
+            self.counters.auth_failures += 1
+            log.error(
+                "peer answered with another id", address=address, expected=expect.id,
+                broker_id=frame.broker_id,
+            )  # fmt: skip
+            await send_error(
+                stream,
+                proto,
+                RemoteProtocolError(
+                    ErrorCode.AUTH_FAILED, f"dialled {expect.id!r}, not {frame.broker_id!r}"
+                ),
+            )
             return False
         self._dialled[address] = frame.broker_id
         if frame.broker_id == self.self_id:

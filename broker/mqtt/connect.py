@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import trio
 
 import routing
-from broker.core import GROUP_PREFIX, Message, Session
+from broker.core import GROUP_PREFIX, Message, NotOwner, Session
 from broker.log import get_logger
 from broker.mqtt import reasons as R
 from broker.mqtt.codec import MqttError, encode
@@ -32,7 +32,9 @@ from broker.mqtt.publish import pass_through_properties
 from broker.mqtt.state import NEVER, ClientState
 from broker.mqtt.subscriptions import Options
 from broker.net import RECEIVE_SIZE
-from broker.security import ANONYMOUS, Identity
+from broker.security import ANONYMOUS, Identity, certificate_subject
+from broker.security.floods import MAX_CONNECTIONS, REFUSED_HELLO_TIMEOUT
+from broker.security.logins import LoginRefused
 from broker.store import StoreError
 
 log = get_logger("topiary.mqtt")
@@ -70,7 +72,10 @@ async def accept_connect(conn: Conn) -> Accepted | None:
     broker = conn.broker
     decoder = conn.decoder
     packet = None
-    with trio.move_on_after(broker.config.hello_timeout):
+    timeout = broker.config.hello_timeout
+    if conn.refusal is not None:  # only long enough to say why in its protocol version
+        timeout = min(timeout, REFUSED_HELLO_TIMEOUT)
+    with trio.move_on_after(timeout):
         while packet is None:
             try:
                 packet = decoder.next_packet()
@@ -117,6 +122,11 @@ async def _open(conn: Conn, connect: Connect) -> Accepted:
     frontend = conn.mqtt
     v5 = connect.protocol_level == 5
     props = connect.properties
+    refusal = conn.refusal
+    if refusal is not None:  # a limit against floods (3.1.1: Server unavailable)
+        if refusal.limit == MAX_CONNECTIONS:
+            raise _Refused(R.QUOTA_EXCEEDED, refusal.text)
+        raise _Refused(R.CONNECTION_RATE_EXCEEDED, refusal.text)
     if v5 and props.authentication_method is not None:
         raise _Refused(R.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
     if config.auth_token is not None:
@@ -124,6 +134,7 @@ async def _open(conn: Conn, connect: Connect) -> Accepted:
         if not hmac.compare_digest(given, config.auth_token.encode()):
             broker.counters.connections_refused += 1
             raise _Refused(R.BAD_USER_NAME_OR_PASSWORD, "bad or missing password")
+    identity = await _login(conn, connect)
     client_id = connect.client_id
     assigned = None
     if not client_id:
@@ -151,8 +162,14 @@ async def _open(conn: Conn, connect: Connect) -> Accepted:
         expiry = 0.0
         told_expiry = 0  # a session cannot outlive its connection without a store
 
-    # Take the client id over from a connection that holds it.
+    # Another identity's durable session, or a connection another identity holds, is not
+    # taken over (nor, with Clean Start, dropped).
+    if not broker.may_own(client_id, identity.owner):
+        raise _Refused(R.NOT_AUTHORIZED, f"the session {client_id!r} belongs to another identity")
     previous = frontend.live.get(client_id)
+    if previous is not None and previous.identity.owner != identity.owner:
+        raise _Refused(R.NOT_AUTHORIZED, f"client id {client_id!r} is in use by another identity")
+    # Take the client id over from a connection that holds it.
     if previous is not None:
         previous.take_over()
         with trio.move_on_after(config.shutdown_timeout):
@@ -161,9 +178,15 @@ async def _open(conn: Conn, connect: Connect) -> Accepted:
         if frontend.live.get(client_id) is previous:
             raise _Refused(R.SERVER_BUSY, "the client id's connection did not let go")
     frontend.came_back(client_id, resumed=not connect.clean_start)
+    conn.identity = identity
     frontend.live[client_id] = conn
     try:
-        session, present = await _session(conn, client_id, connect.clean_start, expiry)
+        session, present = await _session(
+            conn, client_id, connect.clean_start, expiry, identity.owner
+        )
+    except NotOwner as exc:  # (its owner opened it meanwhile)
+        frontend.live.pop(client_id, None)
+        raise _Refused(R.NOT_AUTHORIZED, str(exc)) from exc
     except StoreError as exc:
         frontend.live.pop(client_id, None)
         broker.counters.store_errors += 1
@@ -209,19 +232,43 @@ async def _open(conn: Conn, connect: Connect) -> Accepted:
         maximum_packet=(props.maximum_packet_size or (1 << 28)) if v5 else 1 << 28,
         topic_alias_maximum=(props.topic_alias_maximum or 0) if v5 else 0,
         problem_information=props.request_problem_information != 0 if v5 else False,
+        identity=identity,
     )
 
 
-async def _session(conn: Conn, client_id: str, clean: bool, expiry: float) -> tuple[Session, bool]:
-    """The client's session and whether it was there (CONNACK Session Present)."""
+async def _login(conn: Conn, connect: Connect) -> Identity:
+    """Who CONNECT's user name and password and the stream's TLS client certificate prove
+    the client to be (``broker.security.logins``); refused: 5.0 Bad User Name or Password
+    (0x86) for wrong credentials, Not Authorized (0x87) for none where some are needed
+    (3.1.1: return codes 4 and 5)."""
+    broker = conn.broker
+    try:
+        return await broker.logins.login(
+            username=connect.username,
+            password=connect.password,
+            cert=certificate_subject(conn.stream),
+            client_id=connect.client_id or None,
+            peer=conn.peer,
+        )
+    except LoginRefused as refused:
+        broker.counters.connections_refused += 1
+        reason = R.BAD_USER_NAME_OR_PASSWORD if refused.bad_credentials else R.NOT_AUTHORIZED
+        raise _Refused(reason, refused.text) from None
+
+
+async def _session(
+    conn: Conn, client_id: str, clean: bool, expiry: float, owner: str
+) -> tuple[Session, bool]:
+    """The client's session and whether it was there (CONNACK Session Present); a durable
+    one belongs to ``owner`` (``NotOwner`` when it is another identity's)."""
     broker = conn.broker
     stored = broker.durable.get(client_id)
     if clean and stored is not None:
-        await broker.drop_session(client_id)
+        await broker.drop_session(client_id, owner=owner)
         conn.mqtt.clients.pop(client_id, None)
         stored = None
     if expiry > 0 or (stored is not None and not clean):
-        session, present = await broker.open_durable(client_id)
+        session, present = await broker.open_durable(client_id, owner)
         session.attach(conn)
         return session, present and not clean
     conn.mqtt.clients.pop(client_id, None)

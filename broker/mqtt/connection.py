@@ -36,6 +36,8 @@ from broker.mqtt.requests import Requests
 from broker.mqtt.state import MqttFrontEnd
 from broker.native.keepalive import KeepaliveSweeper
 from broker.net import RECEIVE_SIZE, linger
+from broker.security import ANONYMOUS
+from broker.security.floods import Refusal
 from broker.store import StoreError
 
 ERROR_FLUSH_SECONDS = 1.0
@@ -74,6 +76,7 @@ class MqttConnection:
         self.decoder = Decoder(server=True, max_packet=broker.config.max_frame)
         self.session: Session | None = None
         self.accepted: Accepted | None = None
+        self.identity = ANONYMOUS  # who the client proved to be, once CONNECT is accepted
         self.keepalive = math.inf  # seconds; the sweeper reads it (inf: none)
         self.last_heard = 0.0
         self._reader_scope = trio.CancelScope()
@@ -84,6 +87,7 @@ class MqttConnection:
         self._last_word_due = trio.Event()
         self.outbound: Outbound | None = None
         self.requests_nursery: trio.Nursery | None = None  # where acks are stored from
+        self.refusal: Refusal | None = None  # past a limit against floods (set in run)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -93,6 +97,7 @@ class MqttConnection:
         broker.counters.connections_total += 1
         self.mqtt.counters.connections_total += 1
         self.last_heard = trio.current_time()
+        self.refusal = broker.guard.admit()  # (past a limit: refused in CONNACK)
         try:
             if self.websocket:
                 from broker.mqtt.websocket import WebSocketRefused, accept_websocket
@@ -112,6 +117,8 @@ class MqttConnection:
             self.accepted = accepted
             await self._serve(accepted)
         finally:
+            if self.refusal is None:
+                broker.guard.leave()
             broker.connections.discard(self)
             await trio.aclose_forcefully(self.stream)
 

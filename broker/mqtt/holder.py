@@ -14,6 +14,8 @@ from broker.core import Broker
 from broker.mqtt.closing import Closing
 from broker.mqtt.decoder import Decoder
 from broker.mqtt.state import MqttFrontEnd
+from broker.security import Identity
+from broker.security.floods import Refusal
 
 
 class Conn(Protocol):
@@ -24,6 +26,8 @@ class Conn(Protocol):
     decoder: Decoder
     last_heard: float
     requests_nursery: trio.Nursery | None
+    identity: Identity  # who the client proved to be (ANONYMOUS until CONNECT is accepted)
+    refusal: Refusal | None  # a limit against floods refused it: CONNACK says so
 
     @property
     def shutting_down(self) -> bool: ...

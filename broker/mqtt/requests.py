@@ -119,6 +119,7 @@ class Requests:
         self.aliases: dict[int, str] = {}
         self.replies = Replies(self.session)
         self.later: list[tuple[Any, tuple[Any, ...]]] = []
+        self.publish_bucket = self.broker.guard.publish_bucket()  # None: no rate limit
 
     def start_in(self, nursery: trio.Nursery) -> None:
         self.replies.start_in(nursery)
@@ -153,6 +154,13 @@ class Requests:
 
     def _publish(self, p: Publish) -> Closing | None:
         broker = self.broker
+        bucket = self.publish_bucket
+        if bucket is not None and not bucket.take(trio.current_time()):
+            # Past the connection's publish rate: MQTT 5 is told (DISCONNECT Message rate
+            # too high), 3.1.1 has no word for it and is closed; never a silent drop.
+            return Closing(
+                R.MESSAGE_RATE_TOO_HIGH, broker.guard.publish_refused(self.session.client_id)
+            )
         props = p.properties
         topic = p.topic
         if self.v5 and props.topic_alias is not None:
@@ -322,6 +330,10 @@ class Requests:
         for sub in p.subscriptions:
             text = sub.filter
             if text.startswith(SHARE_PREFIX):
+                name = text[len(SHARE_PREFIX) :]
+                if name not in self.outbound.shares and self._subscriptions_full():
+                    codes.append(R.QUOTA_EXCEEDED if self.v5 else 0x80)
+                    continue
                 codes.append(await self._share(text, sub.qos, sub.retain_as_published, identifier))
                 continue
             try:
@@ -339,6 +351,9 @@ class Requests:
                 identifier=identifier,
             )
             existing = self.state.subscriptions.by_filter.get(text)
+            if existing is None and self._subscriptions_full():
+                codes.append(R.QUOTA_EXCEEDED if self.v5 else 0x80)
+                continue
             sub_id = existing[0] if existing is not None else broker.subscribe(session, flt)
             if session.durable and (existing is None or existing[1] != options):
                 store = broker.store
@@ -360,6 +375,14 @@ class Requests:
         for sub_id, flt in retained:
             await broker.deliver_retained(session, sub_id, flt)
         return None
+
+    def _subscriptions_full(self) -> bool:
+        """Is one more subscription past ``max_subscriptions`` (counted if so)?"""
+        guard = self.broker.guard
+        if guard.subscriptions_full(len(self.session.subs) + len(self.outbound.shares)):
+            guard.subscriptions_refused(self.session.client_id)
+            return True
+        return False
 
     async def _share(
         self, text: str, qos: int, retain_as_published: bool, identifier: int | None

@@ -45,6 +45,7 @@ from broker.native.handshake import handshake
 from broker.native.keepalive import KeepaliveSweeper
 from broker.native.requests import Requests
 from broker.net import RECEIVE_SIZE, linger
+from broker.security import ANONYMOUS
 from broker.store import StoreError
 from broker.wire.codec import append_msg, encode_msg
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
@@ -103,6 +104,7 @@ class ClientConnection:
         self.peer = peer
         self.proto = Connection(Role.SERVER, max_frame=broker.config.max_frame)
         self.session: Session | None = None
+        self.identity = ANONYMOUS  # who the client proved to be, once HELLO is accepted
         self.keepalive = broker.config.keepalive
         self.last_heard = 0.0
         self.ending = Ending()
@@ -129,10 +131,13 @@ class ClientConnection:
         broker.connections.add(self)
         broker.counters.connections_total += 1
         self.last_heard = trio.current_time()
+        refusal = broker.guard.admit()  # (past a limit: refused after its HELLO, below)
         try:
             opened = None
             with self._handshake_scope:  # type: ignore[union-attr]
-                opened = await handshake(broker, self.stream, self.proto, self, self.peer)
+                opened = await handshake(
+                    broker, self.stream, self.proto, self, self.peer, refusal=refusal
+                )
             self._handshake_scope = None
             if isinstance(opened, PeerHello):  # a broker or an observer: peering takes over
                 if not self.ending.shutdown:
@@ -145,6 +150,7 @@ class ClientConnection:
                     self._release(session, None)
                     return
                 self.session = session
+                self.identity = opened.identity
                 self.keepalive = opened.keepalive
                 self.last_heard = opened.heard
                 revoked = broker.authorize(session, opened.identity, opened.client_id)
@@ -166,6 +172,8 @@ class ClientConnection:
                 finally:
                     self._release(session, requests.member)
         finally:
+            if refusal is None:
+                broker.guard.leave()
             broker.connections.discard(self)
             await trio.aclose_forcefully(self.stream)
 

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.core import GROUP_PREFIX, Broker, Group, Holder, Session
+from broker.core import GROUP_PREFIX, Broker, Group, Holder, NotOwner, Session
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.net import receive_frame, send_error
-from broker.security import ANONYMOUS, Identity
+from broker.security import ANONYMOUS, Identity, certificate_subject
+from broker.security.floods import MAX_CONNECTIONS, REFUSED_HELLO_TIMEOUT, Refusal
+from broker.security.logins import LoginRefused
 from broker.store import StoreError
 from broker.wire.connection import Connection
 from broker.wire.frames import PROTOCOL_VERSION, Frame, Hello, PeerHello, Welcome
@@ -45,11 +47,19 @@ async def handshake(
     proto: Connection,
     holder: Holder,
     peer: str = "?",
+    *,
+    refusal: Refusal | None = None,
 ) -> Opened | PeerHello | None:
     """Read the first frame and answer it: ``Opened`` for a client, the ``PeerHello`` of a
     broker or observer (the mesh takes the stream), or None when the connection is over
-    (EOF, or refused with ERROR). ``holder`` is what a durable session is attached to."""
+    (EOF, or refused with ERROR). ``holder`` is what a durable session is attached to.
+    ``refusal``: a limit against floods refused the connection (``FloodGuard.admit``); a
+    client's HELLO is answered with ERROR LIMIT_EXCEEDED or RATE_LIMITED, before its
+    credentials are looked at; a peer's PEER_HELLO is not subject to client limits."""
     config = broker.config
+    hello_timeout = config.hello_timeout
+    if refusal is not None:
+        hello_timeout = min(hello_timeout, REFUSED_HELLO_TIMEOUT)
     heard = trio.current_time()
 
     async def receive(size: int) -> bytes:
@@ -62,7 +72,7 @@ async def handshake(
         return data
 
     frame: Frame | None = None
-    with trio.move_on_after(config.hello_timeout) as waiting:
+    with trio.move_on_after(hello_timeout) as waiting:
         try:
             frame = await receive_frame(proto, receive)
         except RemoteProtocolError as exc:
@@ -73,9 +83,7 @@ async def handshake(
             broker,
             stream,
             proto,
-            RemoteProtocolError(
-                ErrorCode.IDLE_TIMEOUT, f"no HELLO within {config.hello_timeout} s"
-            ),
+            RemoteProtocolError(ErrorCode.IDLE_TIMEOUT, f"no HELLO within {hello_timeout} s"),
         )
         return None
     if frame is None:
@@ -83,9 +91,22 @@ async def handshake(
     if isinstance(frame, PeerHello):
         return frame
     assert isinstance(frame, Hello)
+    if refusal is not None:
+        code = (
+            ErrorCode.LIMIT_EXCEEDED if refusal.limit == MAX_CONNECTIONS else ErrorCode.RATE_LIMITED
+        )
+        await _refuse(broker, stream, proto, RemoteProtocolError(code, refusal.text))
+        return None
     problem = check_hello(broker, frame)
     if problem is not None:
         await _refuse(broker, stream, proto, problem)
+        return None
+    try:
+        identity = await login(broker, stream, frame, peer)
+    except LoginRefused as refused:
+        await _refuse(
+            broker, stream, proto, RemoteProtocolError(ErrorCode.AUTH_FAILED, refused.text)
+        )
         return None
     keepalive = config.keepalive
     if frame.keepalive:
@@ -96,7 +117,12 @@ async def handshake(
             group, present = await broker.open_group(frame.group)
         elif frame.durable:
             assert frame.client_id is not None
-            durable, present = await broker.open_durable(frame.client_id)
+            durable, present = await broker.open_durable(frame.client_id, identity.owner)
+    except NotOwner as exc:
+        await _refuse(
+            broker, stream, proto, RemoteProtocolError(ErrorCode.NOT_AUTHORIZED, str(exc))
+        )
+        return None
     except StoreError as exc:
         broker.counters.store_errors += 1
         await _refuse(
@@ -138,9 +164,29 @@ async def handshake(
         keepalive=keepalive * 1.5,
     )
     session.send_control(proto.send(welcome))
-    log.debug("hello", peer=peer, client=session.client_id)
+    log.debug("hello", peer=peer, client=session.client_id, owner=identity.owner)
     client_id = frame.client_id or session.client_id
-    return Opened(session, keepalive, heard, joining, client_id=client_id)
+    return Opened(session, keepalive, heard, joining, identity, client_id=client_id)
+
+
+async def login(broker: Broker, stream: trio.abc.Stream, hello: Hello, peer: str) -> Identity:
+    """Who HELLO's credentials ``{"username": ..., "password": ...}`` and the stream's TLS
+    client certificate prove the client to be; raises ``LoginRefused``."""
+    credentials = hello.credentials or {}
+    username = credentials.get("username")
+    password = credentials.get("password")
+    logins = broker.logins
+    if not isinstance(username, str | None) or not isinstance(password, str | None):
+        await logins.refuse(
+            "username and password must be strings", client_id=hello.client_id, peer=peer
+        )
+    return await logins.login(
+        username=username,
+        password=None if password is None else password.encode(),
+        cert=certificate_subject(stream),
+        client_id=hello.client_id,
+        peer=peer,
+    )
 
 
 def check_hello(broker: Broker, hello: Hello) -> RemoteProtocolError | None:

@@ -26,8 +26,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+import trio
+
 import routing
-from broker.core import Broker, DurableWork, Group, Member, QuotaExceeded, Session
+from broker.core import Broker, DurableWork, Group, Member, NotOwner, QuotaExceeded, Session
 from broker.core.session import flush_wakes, hold_wakes
 from broker.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.log import get_logger
@@ -85,6 +87,7 @@ class Requests:
         self.member: Member | None = None
         self._joining = joining  # the group to join once the first request is answered
         self._later: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
+        self._publish_bucket = broker.guard.publish_bucket()  # None: no publish rate limit
 
     async def handle(self, events: list[Any]) -> Stop:
         """Handle the events of one read (``Connection.next_events``), in order.
@@ -176,21 +179,27 @@ class Requests:
         frames = events[start:end]
         broker = self.broker
         session = self.session
+        refused: list[bytes] = []
+        if broker.guard.subscriptions_full(len(session.subs) + len(frames)):
+            room = max(0, broker.guard.max_subscriptions - len(session.subs))
+            refused = [self._over_limit(frame.id) for frame in frames[room:]]
+            frames = frames[:room]
         acl = session.acl
         if acl is not None and not all(acl.may_subscribe(frame.parsed) for frame in frames):
-            return self._subscribe_checked(frames, end)
+            return self._subscribe_checked(frames, end, refused)
         sub_ids = broker.subscribe_many(session, [frame.parsed for frame in frames])
         replies = map(self.proto.send_suback, [frame.id for frame in frames], sub_ids)
-        session.send_control(b"".join(replies))
+        session.send_control(b"".join(replies) + b"".join(refused))
         if len(broker.retained):  # (the SUBACKs go ahead of the MSGs: control frames)
             for frame, sub_id in zip(frames, sub_ids, strict=True):
                 if frame.retained:
                     broker.deliver_retained_nowait(session, sub_id, frame.parsed)
         return end
 
-    def _subscribe_checked(self, frames: list[Sub], end: int) -> int:
+    def _subscribe_checked(self, frames: list[Sub], end: int, refused: list[bytes]) -> int:
         """A run of SUBs some of which the topic ACLs refuse: the others subscribed in one
-        core call, and every SUBACK and ERROR in order, in one write."""
+        core call, and every SUBACK and ERROR in order, in one write (``refused``: the
+        ERRORs of the run's tail, over the subscription limit, last)."""
         acl = self.session.acl
         assert acl is not None
         allowed = [acl.may_subscribe(frame.parsed) for frame in frames]
@@ -210,7 +219,7 @@ class Requests:
                 exc = self._not_authorized(f"subscribing to {frame.filter!r}", frame.id)
                 broker.counters.errors[str(exc.code)] += 1
                 parts.append(self.proto.send(Error.from_exception(exc)))
-        session.send_control(b"".join(parts))
+        session.send_control(b"".join(parts) + b"".join(refused))
         if len(broker.retained):
             for frame, sub_id in given:
                 if frame.retained:
@@ -244,6 +253,11 @@ class Requests:
 
     def _pub(self, frame: Pub) -> None:
         broker = self.broker
+        bucket = self._publish_bucket
+        if bucket is not None and not bucket.take(trio.current_time()):
+            text = broker.guard.publish_refused(self.session.client_id)
+            self._refuse(RemoteProtocolError(ErrorCode.RATE_LIMITED, text, ref=frame.id))
+            return
         acl = self.session.acl
         if acl is not None and not acl.may_publish(frame.topic):
             broker.counters.acl_denied_publish += 1
@@ -289,6 +303,9 @@ class Requests:
         owner = (
             session if self.member is None and self._joining is None else self._owner()
         )  # (most sessions are nobody's group member: no call for them)
+        if broker.guard.subscriptions_full(len(owner.subs)):
+            self.session.send_control(self._over_limit(frame.id))
+            return
         sub_id = broker.subscribe(owner, frame.parsed)
         reply = self.proto.send_suback(frame.id, sub_id)
         sync = frame.sync and broker.peering.active
@@ -305,6 +322,13 @@ class Requests:
                 self._later.append((self._send_retained, (owner, sub_id, frame.parsed)))
             else:  # the SUBACK (a control frame) goes ahead of them
                 broker.deliver_retained_nowait(owner, sub_id, frame.parsed)
+
+    def _over_limit(self, request_id: int) -> bytes:
+        """The ERROR for a SUB past the client's ``max_subscriptions`` (counted)."""
+        text = self.broker.guard.subscriptions_refused(self.session.client_id)
+        exc = RemoteProtocolError(ErrorCode.LIMIT_EXCEEDED, text, ref=request_id)
+        self.broker.counters.errors[str(exc.code)] += 1
+        return self.proto.send(Error.from_exception(exc))
 
     def _unsub(self, frame: Unsub) -> None:
         owner = self._owner()
@@ -436,7 +460,13 @@ class Requests:
             await self.broker.deliver_retained(owner, sub_id, flt)
 
     async def _drop_stored_session(self, frame: DropSession) -> None:
-        dropped = await self.broker.drop_session(frame.client_id, requester=self.session)
+        try:
+            dropped = await self.broker.drop_session(
+                frame.client_id, requester=self.session, owner=self.identity.owner
+            )
+        except NotOwner as exc:
+            self._refuse(RemoteProtocolError(ErrorCode.NOT_AUTHORIZED, str(exc), ref=frame.id))
+            return
         reply = SessionDropped(id=frame.id, dropped=dropped)
         self.session.send_control(self.proto.send(reply))
 

@@ -57,7 +57,8 @@ class SessionRecord:
     ``pending`` counts its delivery rows and ``pending_bytes`` sums their payload sizes (a
     message shared with other sessions counts for each of them). ``filter_options`` maps a
     (filter, dialect) of ``filters`` to the options stored with it (``Store.add_filter``);
-    only filters that have some are in it.
+    only filters that have some are in it. ``owner`` is the identity that owns the session
+    (``Identity.owner``), None for a shared group or a session stored before owners existed.
     """
 
     client_id: str
@@ -68,6 +69,7 @@ class SessionRecord:
     pending: int
     pending_bytes: int
     filter_options: dict[tuple[str, str], bytes] = field(default_factory=dict, hash=False)
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,11 @@ What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
   is 1 for a copy of a retained message stored for a durable session that subscribed (so
   its redeliveries still say they come from the retained store).
 - ``sessions``: one row per durable session: its shared group, ``last_ack`` (every seq at or
-  below it is done) and ``next_seq`` (the next seq the broker may assign).
+  below it is done), ``next_seq`` (the next seq the broker may assign) and ``owner``: the
+  identity that created it (``Identity.owner``: ``user:NAME``, ``cert:SUBJECT`` or
+  ``anonymous``), the only one that may open or drop it; NULL for a shared group (shared by
+  design) and for a session stored before owners existed (the first identity to open it
+  takes it).
 - ``filters``: the session's (filter, dialect) pairs, each with ``options``: opaque bytes a
   front end keeps with it (MQTT's subscription options), NULL for a native filter.
 - ``deliveries``: the pending queue, one row (client_id, seq, message) per delivery not yet
@@ -22,7 +26,8 @@ headers and id (the publisher's QoS, MQTT 5 properties, expiry: ``broker.core.ex
 opaque blob; NULL (the common, native case) when there is nothing to keep.
 
 Versions: 1 had no ``retained`` table and no ``messages.retained``; 2 adds them; 3 adds
-``messages.extra``, ``retained.extra`` and ``filters.options`` (NULL in migrated rows). A file of
+``messages.extra``, ``retained.extra`` and ``filters.options`` (NULL in migrated rows); 4 adds
+``sessions.owner`` (NULL in migrated rows). A file of
 an older version is migrated when it is opened (``MIGRATIONS``, in one transaction); a newer
 one, or a file that is not a topiary database at all, is refused with a ``StoreError`` that
 says so.
@@ -43,7 +48,7 @@ __all__ = [
     "check_or_create_schema",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DB_FILENAME = "topiary.db"
 
 _RETAINED = """CREATE TABLE retained (
@@ -74,7 +79,8 @@ SCHEMA = (
         grp TEXT NULL,
         last_ack INTEGER NOT NULL,
         next_seq INTEGER NOT NULL,
-        created_at REAL NOT NULL
+        created_at REAL NOT NULL,
+        owner TEXT NULL
     )""",
     """CREATE TABLE filters (
         client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
@@ -110,6 +116,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE retained ADD COLUMN extra BLOB NULL",
         "ALTER TABLE filters ADD COLUMN options BLOB NULL",
     ),
+    3: ("ALTER TABLE sessions ADD COLUMN owner TEXT NULL",),
 }
 
 

@@ -343,16 +343,29 @@ class SqliteBackend:
 
     # -- sessions and filters ------------------------------------------------------------------
 
-    def create_session(self, client_id: str, group: str | None) -> SessionRecord:
+    def create_session(
+        self, client_id: str, group: str | None, owner: str | None = None
+    ) -> SessionRecord:
+        """The session ``client_id``, created (owned by ``owner``) unless it exists."""
         cur = self.conn.execute(
-            "INSERT INTO sessions (client_id, grp, last_ack, next_seq, created_at) "
-            "VALUES (?, ?, 0, 1, ?) ON CONFLICT (client_id) DO NOTHING",
-            (client_id, group, self.clock()),
+            "INSERT INTO sessions (client_id, grp, last_ack, next_seq, created_at, owner) "
+            "VALUES (?, ?, 0, 1, ?, ?) ON CONFLICT (client_id) DO NOTHING",
+            (client_id, group, self.clock(), owner),
         )
         self.sessions_count += cur.rowcount
         record = self.session(client_id)
         assert record is not None
         return record
+
+    def claim_session(self, client_id: str, owner: str) -> str | None:
+        """Give an unowned session (stored before owners existed) to ``owner``; the owner
+        it has afterwards (another one if it had one already)."""
+        self._session_row(client_id, "claim_session")
+        self.conn.execute(
+            "UPDATE sessions SET owner = ? WHERE client_id = ? AND owner IS NULL",
+            (owner, client_id),
+        )
+        return self._scalar("SELECT owner FROM sessions WHERE client_id = ?", (client_id,))
 
     def drop_session(self, client_id: str) -> bool:
         if self._scalar("SELECT 1 FROM sessions WHERE client_id = ?", (client_id,)) is None:
@@ -620,11 +633,12 @@ class SqliteBackend:
 
     def session(self, client_id: str) -> SessionRecord | None:
         row = self.conn.execute(
-            "SELECT client_id, grp, last_ack, next_seq FROM sessions WHERE client_id = ?",
+            "SELECT client_id, grp, last_ack, next_seq, owner FROM sessions WHERE client_id = ?",
             (client_id,),
         ).fetchone()
         if row is None:
             return None
+        *row, owner = row
         pending, pending_bytes = self.conn.execute(
             "SELECT count(*), coalesce(sum(length(m.payload)), 0) FROM deliveries AS d "
             "LEFT JOIN messages AS m ON m.rowid = d.message WHERE d.client_id = ?",
@@ -640,7 +654,7 @@ class SqliteBackend:
             filters.append((flt, dialect))
             if opts is not None:
                 options[flt, dialect] = opts
-        return SessionRecord(*row, tuple(filters), pending, pending_bytes, options)
+        return SessionRecord(*row, tuple(filters), pending, pending_bytes, options, owner)
 
     def sessions(self) -> list[SessionRecord]:
         filters: dict[str, list[tuple[str, str]]] = {}
@@ -654,7 +668,7 @@ class SqliteBackend:
                 options.setdefault(client_id, {})[flt, dialect] = opts
         rows = self.conn.execute(
             "SELECT s.client_id, s.grp, s.last_ack, s.next_seq, count(d.seq), "
-            "coalesce(sum(length(m.payload)), 0) FROM sessions AS s "
+            "coalesce(sum(length(m.payload)), 0), s.owner FROM sessions AS s "
             "LEFT JOIN deliveries AS d ON d.client_id = s.client_id "
             "LEFT JOIN messages AS m ON m.rowid = d.message "
             "GROUP BY s.client_id ORDER BY s.client_id"
@@ -669,8 +683,9 @@ class SqliteBackend:
                 n,
                 size,
                 options.get(client_id, {}),
+                owner,
             )
-            for client_id, group, last_ack, next_seq, n, size in rows
+            for client_id, group, last_ack, next_seq, n, size, owner in rows
         ]
 
     def pending(self, client_id: str, after_seq: int, limit: int) -> list[StoredMessage]:

@@ -238,10 +238,19 @@ class Store:
 
     # -- the API -------------------------------------------------------------------------------
 
-    async def create_session(self, client_id: str, group: str | None) -> SessionRecord:
-        """Create the session, or return the existing one unchanged (its group included)."""
+    async def create_session(
+        self, client_id: str, group: str | None, owner: str | None = None
+    ) -> SessionRecord:
+        """Create the session (owned by ``owner``), or return the existing one unchanged (its
+        group and owner included)."""
         return await self._queue.submit(
-            partial(SqliteBackend.create_session, client_id=client_id, group=group)
+            partial(SqliteBackend.create_session, client_id=client_id, group=group, owner=owner)
+        )
+
+    async def claim_session(self, client_id: str, owner: str) -> str | None:
+        """Give the session to ``owner`` if it has no owner; the owner it has afterwards."""
+        return await self._queue.submit(
+            partial(SqliteBackend.claim_session, client_id=client_id, owner=owner)
         )
 
     async def drop_session(self, client_id: str) -> bool:
