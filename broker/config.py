@@ -42,6 +42,9 @@ key, never a traceback and never a silently ignored typo.
     # anonymous = false            # clients without credentials (default: only without users)
     failure_delay = 1.0            # seconds a failed login waits for its refusal
 
+    [acl]                          # topic ACLs (docs/security.md); off unless set
+    file = "acl.toml"              # [[rule]] who/allow/deny/filter/dialect; SIGHUP reloads
+
     [http]                         # operators' port (docs/operations.md); off unless set
     listen = "127.0.0.1:7480"      # /metrics, /healthz, /readyz, /api/stats, the dashboard
     top_sessions = 20              # /metrics: sessions by lag with their own series; + "other"
@@ -136,6 +139,7 @@ class BrokerConfig:
     auth_users: str | None = None  # the users file (broker/security/users.py); None: none
     auth_anonymous: bool | None = None  # None: anonymous access only without a users file
     auth_failure_delay: float = 1.0  # seconds before a failed login is refused
+    acl_file: str | None = None  # the topic ACL file (broker/security/acl_file.py); None: off
     http_listen: str | None = None  # HOST:PORT of the operators' HTTP port; None: off
     http_top_sessions: int = 20  # durable sessions with their own /metrics series, by lag
     http_request_timeout: float = 10.0  # seconds per request on it, and per idle keep-alive
@@ -220,6 +224,7 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "anonymous": "auth_anonymous",
         "failure_delay": "auth_failure_delay",
     },
+    "acl": {"file": "acl_file"},
     "http": {
         "listen": "http_listen",
         "top_sessions": "http_top_sessions",
@@ -279,6 +284,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "auth_token": (str, type(None)),
     "auth_users": (str, type(None)),
     "auth_failure_delay": (int, float),
+    "acl_file": (str, type(None)),
     "http_listen": (str, type(None)),
     "http_top_sessions": (int,),
     "http_request_timeout": (int, float),

@@ -31,6 +31,7 @@ from broker.mqtt.connection import MqttConnection
 from broker.mqtt.state import MqttFrontEnd
 from broker.native import ClientConnection, KeepaliveSweeper
 from broker.security import Reloadable, reload_all
+from broker.security.acl_file import AclFile
 from broker.security.tls import ClientTls, ServerTls, TlsListener, open_tls_listeners
 from broker.store import Store
 
@@ -212,6 +213,11 @@ async def run_broker(
             restored = await broker.load()
             log.info("store opened", data_dir=config.data_dir, durable_sessions=restored)
         server = Server(broker)
+        acl = None
+        if config.acl_file is not None:  # a bad file stops start-up here (ConfigError)
+            acl = AclFile(broker, config.acl_file)
+            acl.load()
+            server.reloadables.append(acl)
         if broker.logins.users is not None:  # SIGHUP re-reads the users file
             server.reloadables.append(broker.logins.users)
         if config.tls_cert is not None:  # bad files stop start-up here (ConfigError)
@@ -245,6 +251,9 @@ async def run_broker(
                 nursery.start_soon(_shutdown_on_signal, server, signals)
                 nursery.start_soon(_reload_on_signal, server, reloads)
             await nursery.start(broker.peering.run)
+            acl_store = trio.CancelScope()  # the ACL file's store removals
+            if acl is not None:
+                await nursery.start(_run_in_scope, acl.run, acl_store)
             operators = trio.CancelScope()
             if config.http_listen is not None or secure["http"]:
                 server.http = HttpServer(
@@ -269,6 +278,7 @@ async def run_broker(
             await server.stopped.wait()
             operators.cancel()  # the HTTP port answers until the last client has gone
             timers.cancel()
+            acl_store.cancel()
 
 
 def _serves_mqtt(config: BrokerConfig) -> bool:

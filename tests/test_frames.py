@@ -528,6 +528,9 @@ def test_every_error_code_states_whether_it_closes_the_connection() -> None:
         ErrorCode.INVALID_ACK,
         ErrorCode.QUOTA_EXCEEDED,
         ErrorCode.SYNC_TIMEOUT,
+        ErrorCode.NOT_AUTHORIZED,
+        ErrorCode.RATE_LIMITED,
+        ErrorCode.LIMIT_EXCEEDED,
     }
     for code in ErrorCode:
         assert code.closes_connection is (code not in request_level), code

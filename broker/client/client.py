@@ -267,7 +267,12 @@ class Client:
             elif isinstance(event, frames.Error):
                 error = BrokerError(event.code, event.text, event.ref)
                 waiter = self._waiters.pop(event.ref, None) if event.ref is not None else None
-                if waiter is not None:
+                ended = self._subs.pop(event.sub, None) if event.sub is not None else None
+                if ended is not None:  # the broker removed it (topic ACLs): iterating raises
+                    ended.sub_id = None
+                    ended._end(error)
+                    log.warning("subscription ended by the broker", code=event.code)
+                elif waiter is not None:
                     self._renewals.pop(event.ref, None)
                     waiter.resolve(error=error)
                 else:

@@ -30,6 +30,9 @@ class Counters:
     subscribes: int = 0
     unsubscribes: int = 0
     retained_sent: int = 0
+    acl_denied_publish: int = 0
+    acl_denied_subscribe: int = 0
+    acl_denied_deliveries: int = 0
     logins: int = 0  # user name and password checked and accepted
     auth_failures: int = 0  # logins refused: bad credentials, or anonymous when it is off
     tls_handshake_failures: int = 0  # not TLS, an old version, a bad client cert, too slow
@@ -60,6 +63,9 @@ class Counters:
             "subscribes": self.subscribes,
             "unsubscribes": self.unsubscribes,
             "retained_sent": self.retained_sent,
+            "acl_denied_publish": self.acl_denied_publish,
+            "acl_denied_subscribe": self.acl_denied_subscribe,
+            "acl_denied_deliveries": self.acl_denied_deliveries,
             "logins": self.logins,
             "auth_failures": self.auth_failures,
             "tls_handshake_failures": self.tls_handshake_failures,

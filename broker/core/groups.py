@@ -12,17 +12,26 @@ some member at least once, and a member never holds more than its window.
 
 The queue holds the messages not yet handed to a member: those routed while
 the broker runs, and those found in the store at start-up.
+
+Topic ACLs: a member is handed only messages its own rules let it have: the group's
+subscription the message came by must be one the member's rules grant (``may_subscribe``:
+a member that joins does not inherit what another member was allowed to subscribe), and
+no deny-subscribe rule of the member may match the topic. A message that no member may
+have is settled without delivery (counted in ``acl_denied_deliveries``; ``on_denied``
+acknowledges it in the store), so it never blocks the queue.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import trio
 
 from broker.core.counters import Counters
 from broker.core.message import Message
 from broker.core.session import OutboundLimits, Session
+from routing.acl import Access
 
 GROUP_PREFIX = "$group/"
 
@@ -70,6 +79,9 @@ class Group(Session):
         # seq -> trio time routed, of every message not yet acked (queued or held by a
         # member); in seq order, as seqs are added in order and only ever removed
         self.pending_since: dict[int, float] = {}
+        # Called with the seq of a message no member's rules let it have (settled
+        # without delivery): the registry acknowledges it in the store.
+        self.on_denied: Callable[[int], None] | None = None
 
     @property
     def pending_messages(self) -> int:
@@ -133,21 +145,43 @@ class Group(Session):
         return done
 
     def dispatch(self) -> None:
-        """Hand queued messages to members with room, round robin."""
+        """Hand queued messages to members with room (and whose rules allow them), round
+        robin."""
         members = self.members
-        while self.queue and members:
+        queue = self.queue
+        while queue and members:
+            allowed = False  # some member may have the message at the head
             for _ in range(len(members)):
                 self._next %= len(members)
                 member = members[self._next]
                 self._next += 1
+                acl = member.session.acl
+                if acl is not None and not self._allows(acl, queue[0]):
+                    continue
+                allowed = True
                 if len(member.inflight) < self.prefetch:
-                    seq, message, sub_id = self.queue.popleft()
+                    seq, message, sub_id = queue.popleft()
                     member.inflight[seq] = (message, sub_id)
                     member.session.push(message, sub_id, seq)
                     self.delivered += 1
                     break
             else:
-                return  # every member's window is full
+                if allowed:
+                    return  # every window of a member that may have it is full
+                seq, _message, _sub_id = queue.popleft()  # no member may: settled
+                self.pending_since.pop(seq, None)
+                self.acked += 1
+                self.counters.acl_denied_deliveries += 1
+                if self.on_denied is not None:
+                    self.on_denied(seq)
+
+    def _allows(self, acl: Access, entry: tuple[int, Message, int]) -> bool:
+        """May a member with rules ``acl`` have this queued message?"""
+        _seq, message, sub_id = entry
+        ref = self.subs.get(sub_id)
+        if ref is not None and not acl.may_subscribe_text(ref.filter, ref.dialect):
+            return False
+        return not (acl.has_denies and acl.denies(message.topic))
 
     def holds(self, member: Member, seq: int) -> bool:
         return seq in member.inflight

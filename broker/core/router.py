@@ -7,6 +7,13 @@ caller to queue before it reads on. Only opening sessions and talking to the
 store awaits. Front ends (broker/native/, one package per protocol) call in;
 the router calls out only through ``Session.deliver`` and the ``Mesh``.
 
+Topic ACLs (``routing.acl``, configured by broker/security/acl_file.py): front ends check
+publishes and subscriptions with a session's ``acl`` before they call in; the router applies
+deny-subscribe rules per message. A match answer whose sessions have no deny rules keeps
+its plain delivery plan; one with a session that has some gets a checked plan
+(``_Checked``), routed the long way, which skips that session for the topics its rules deny
+(counted in ``acl_denied_deliveries``); retained messages sent on subscribe obey them too.
+
 Retained messages (``publish(..., retain=True)``) are routed like any other and also kept
 as their topic's retained message (``Retained``; in the store too, in the same append), and
 a new subscription is sent the retained messages it matches (``deliver_retained``). They
@@ -41,8 +48,10 @@ from broker.core.sessions import NotOwner, SessionRegistry, may_own, run_prefix
 from broker.histogram import Histogram
 from broker.log import get_logger
 from broker.security.floods import FloodGuard
+from broker.security.identity import Identity
 from broker.security.logins import Logins
 from broker.store import Pending, Store, StoreError
+from routing.acl import Access, Policy
 
 log = get_logger("topiary.broker")
 
@@ -56,6 +65,18 @@ LATENCY_SAMPLE_EVERY = 64
 PLANS_MAX = 4096
 #: The plan of an answer that reaches a durable session: routed the long way.
 _DURABLE: Any = ()
+
+
+class _Checked:
+    """The plan of an answer that reaches a session with deny-subscribe rules: the
+    (session, sub id) entries grouped by their deny rules (``Access.denials``: sessions with
+    the same ones share them), each group as (its ``denies`` or None, entries), so a message
+    asks each set of rules once."""
+
+    __slots__ = ("groups",)
+
+    def __init__(self, groups: tuple[tuple[Any, tuple[tuple[Session, int], ...]], ...]) -> None:
+        self.groups = groups
 
 
 class Broker:
@@ -98,7 +119,7 @@ class Broker:
         # Match answer -> its delivery plan: ((session, sub id), ...) each session once,
         # when every session in it is transient, else _DURABLE. Emptied by every change of
         # the subscriptions (sub ids and sessions change only then), and when full.
-        self._plans: dict[frozenset, tuple[tuple[Session, int], ...]] = {}
+        self._plans: dict[frozenset, Any] = {}
         # Front ends with state of their own beyond the sessions (MQTT), by name: STATS
         # includes what each ``stats()`` says.
         self.frontends: dict[str, Any] = {}
@@ -107,6 +128,8 @@ class Broker:
         # The last report of each bridge (reports.py): in the table, in no registry, and
         # subscribed before any mesh exists, so it is not mirrored to peers.
         self.reports = Reports(self.limits, self.counters)
+        # Topic ACLs: None, everything is allowed (no [acl] configured); see set_policy.
+        self.policy: Policy | None = None
         reports_filter = routing.parse_filter(REPORTS_FILTER)
         _sub_id, ref, _new = self.reports.subscribe(reports_filter.text, reports_filter.dialect)
         self.table.add(reports_filter, ref)
@@ -271,6 +294,76 @@ class Broker:
         session.subs.clear()
         self.registry.forget(session)
 
+    # -- topic ACLs ----------------------------------------------------------------------
+
+    def access_for(self, identity: Identity, client_id: str) -> Access | None:
+        """The compiled rules of a client (None when no policy is configured)."""
+        policy = self.policy
+        return None if policy is None else policy.access(identity, client_id)
+
+    def authorize(
+        self, session: Session, identity: Identity, client_id: str
+    ) -> list[tuple[int, routing.Filter]]:
+        """Give ``session`` the rules of ``identity`` and ``client_id`` (the id the client
+        gave, not a registry key), and remove the subscriptions they do not grant (a
+        resumed durable session's): those are returned as (sub id, filter), counted in
+        ``acl_denied_subscribe``; the caller tells the client and updates the store."""
+        session.principal = (identity, client_id)
+        session.acl = self.access_for(identity, client_id)
+        self._plans.clear()
+        return self._revoke(session)
+
+    def set_policy(self, policy: Policy | None) -> list[tuple[Session, list[tuple[int, Any]]]]:
+        """Switch to ``policy`` (a SIGHUP reload): every session a front end authorized gets
+        its new rules at once, connections stay; each loses the subscriptions the new rules
+        do not grant, and its ``on_revoked`` is told (of none, too). Returns (session,
+        removed) for each session that lost some. Durable sessions restored from the store
+        and not yet resumed have no principal: their owner's next connection checks them."""
+        self.policy = policy
+        self._plans.clear()
+        changed = []
+        seen: set[int] = set()
+        for session in [*self.registry.sessions.values(), *self.registry.durable.values()]:
+            principal = session.principal
+            if principal is None or id(session) in seen:
+                continue
+            seen.add(id(session))
+            identity, client_id = principal
+            session.acl = self.access_for(identity, client_id)
+            removed = self._revoke(session)
+            if removed:
+                changed.append((session, removed))
+            if session.on_revoked is not None:  # (told even of none: MQTT checks its shares)
+                session.on_revoked(removed)
+        return changed
+
+    def _revoke(self, session: Session) -> list[tuple[int, routing.Filter]]:
+        """Unsubscribe what ``session``'s rules do not grant; (sub id, filter) of each."""
+        acl = session.acl
+        if acl is None or not session.subs:
+            return []
+        removed = []
+        for sub_id, ref in list(session.subs.items()):
+            if not acl.may_subscribe_text(ref.filter, ref.dialect):
+                self.unsubscribe(session, sub_id)
+                removed.append((sub_id, routing.parse_filter(ref.filter, ref.dialect)))
+        self.counters.acl_denied_subscribe += len(removed)
+        if removed:
+            log.info(
+                "subscriptions removed by the topic ACLs",
+                client=session.client_id,
+                filters=[flt.text for _sub_id, flt in removed],
+            )
+        return removed
+
+    def _acl_allows(self, session: Session, topic: str) -> bool:
+        """Do ``session``'s deny-subscribe rules let ``topic`` through? (Counted if not.)"""
+        acl = session.acl
+        if acl is None or not acl.has_denies or not acl.denies(topic):
+            return True
+        self.counters.acl_denied_deliveries += 1
+        return False
+
     # -- subscriptions -------------------------------------------------------------------
 
     def subscribe(self, session: Session, filter: routing.Filter) -> int:
@@ -370,6 +463,7 @@ class Broker:
             if (
                 plan is None
                 or plan is _DURABLE
+                or plan.__class__ is _Checked
                 or counters.messages_in >= self.hot.next_at
                 or self._until_sample == 1
             ):
@@ -451,6 +545,8 @@ class Broker:
         counters = self.counters
         sent = 0
         for message in self.retained.matching(flt):
+            if not self._acl_allows(session, message.topic):
+                continue
             if config.overflow == "reject-publish" and session.would_overflow(
                 message.size, config.session_max_messages, config.session_max_bytes
             ):
@@ -478,7 +574,8 @@ class Broker:
             return 0
         sent = 0
         for message in self.retained.matching(flt):
-            sent += session.deliver(message, sub_id)
+            if self._acl_allows(session, message.topic):
+                sent += session.deliver(message, sub_id)
         self.counters.retained_sent += sent
         return sent
 
@@ -533,12 +630,24 @@ class Broker:
             if not self._until_sample:
                 self._sample(message)
             delivered = 0
-            for session, sub_id in plan:
-                delivered += session.deliver(message, sub_id)
+            if plan.__class__ is _Checked:
+                for denies, entries in plan.groups:  # type: ignore[union-attr]
+                    if denies is not None and denies(topic):
+                        counters.acl_denied_deliveries += len(entries)
+                        continue
+                    for session, sub_id in entries:
+                        delivered += session.deliver(message, sub_id)
+            else:
+                for session, sub_id in plan:
+                    delivered += session.deliver(message, sub_id)
             counters.messages_out += delivered
             counters.bytes_out += delivered * message.size
             return None
         sessions = _sessions(targets)
+        if self.policy is not None:  # deny-subscribe rules: those sessions do not get it
+            sessions = {s: i for s, i in sessions.items() if self._acl_allows(s, topic)}
+            if not sessions:
+                return None
         config = self.config
         size = len(payload)
         if config.overflow == "reject-publish":
@@ -587,12 +696,23 @@ class Broker:
             return None
         return DurableWork(message, durable, publisher_msg_id, trims)
 
-    def _plan(self, targets: frozenset) -> tuple[tuple[Session, int], ...]:
+    def _plan(self, targets: frozenset) -> Any:
         """The delivery plan of a match answer (see ``_plans``), made and kept."""
         sessions = _sessions(targets)
         plan = _DURABLE
         if not any(session.durable for session in sessions):
             plan = tuple(sessions.items())
+            if any(s.acl is not None and s.acl.has_denies for s in sessions):
+                groups: dict[Any, list[tuple[Session, int]]] = {}
+                for entry in plan:
+                    acl = entry[0].acl
+                    groups.setdefault(acl.denials if acl is not None else None, []).append(entry)
+                plan = _Checked(
+                    tuple(
+                        (None if denials is None else denials.denies, tuple(entries))
+                        for denials, entries in groups.items()
+                    )
+                )
         plans = self._plans
         if len(plans) >= PLANS_MAX:
             plans.clear()

@@ -47,7 +47,9 @@ from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 
 if TYPE_CHECKING:
+    from broker.security.identity import Identity
     from routing import Filter
+    from routing.acl import Access
 
 #: How a front end encodes one delivery into a batch: (parts, message, sub id, seq) -> size.
 AppendMessage = Callable[[list[bytes | memoryview], Message, int, int], int]
@@ -169,6 +171,7 @@ class Session:
         "_writer",
         "accepting",
         "acked",
+        "acl",
         "backlog",
         "backlog_bytes",
         "backlog_messages",
@@ -185,7 +188,9 @@ class Session:
         "last_ack",
         "limits",
         "on_failure",
+        "on_revoked",
         "owner",
+        "principal",
         "quota_dropped",
         "ready",
         "refs",
@@ -276,6 +281,12 @@ class Session:
         # says whether the writer may stay parked (all sent, nothing left queued). Set by
         # the connection, on a plain socket; None otherwise.
         self.direct: Callable[[], bool] | None = None
+        # Topic ACLs (routing.acl): the client's compiled rules (None: no policy, all is
+        # allowed), who they were made for, and what the connection does when a new rule
+        # set removes subscriptions (``Broker.set_policy``): all set by the front end.
+        self.acl: Access | None = None
+        self.principal: tuple[Identity, str] | None = None
+        self.on_revoked: Callable[[list[tuple[int, Filter]]], None] | None = None
 
     # -- subscriptions -------------------------------------------------------------------
 
@@ -453,6 +464,7 @@ class Session:
         if self.connection is connection:
             self.connection = None
             self.on_failure = None
+            self.on_revoked = None
             self.sampled.clear()
             self._control.clear()
             self._outbox.clear()

@@ -9,8 +9,10 @@ router to subscribe.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
+from functools import partial
 from typing import Any
 
 import trio
@@ -21,7 +23,7 @@ from broker.core.extra import apply_extra
 from broker.core.groups import Group, group_session_id
 from broker.core.message import Message
 from broker.core.session import OutboundLimits, Session
-from broker.store import SessionRecord, Store
+from broker.store import SessionRecord, Store, StoreError
 
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -33,6 +35,14 @@ def _base36(n: int) -> str:
         digits.append(_ALPHABET[r])
         if not n:
             return "".join(reversed(digits))
+
+
+def _forget_delivery(store: Store, client_id: str, seq: int) -> None:
+    """Acknowledge one delivery of a group in the store, without waiting: a message no
+    member may have (topic ACLs). With the store's queue full it stays stored, and after
+    a restart it is denied (and settled) again."""
+    with contextlib.suppress(trio.WouldBlock, StoreError):
+        store.ack_one_nowait(client_id, seq)
 
 
 def run_prefix() -> str:
@@ -188,6 +198,9 @@ class SessionRegistry:
         )
         self.durable[group.client_id] = group
         self.groups[name] = group
+        store = self.store
+        if store is not None:
+            group.on_denied = partial(_forget_delivery, store, group.client_id)
         return group
 
     # -- operators -----------------------------------------------------------------------

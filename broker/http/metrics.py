@@ -82,6 +82,15 @@ COUNTERS: dict[str, tuple[str, str]] = {
         "retained_sent",
         "Retained messages queued to new subscriptions (from the retained store).",
     ),
+    "acl_denied_publish": ("acl_denied_publish", "Publishes the topic ACLs refused."),
+    "acl_denied_subscribe": (
+        "acl_denied_subscribe",
+        "Subscriptions the topic ACLs refused or removed.",
+    ),
+    "acl_denied_deliveries": (
+        "acl_denied_deliveries",
+        "Messages not delivered to a subscriber because a deny-subscribe rule matched.",
+    ),
     "logins": ("logins", "Logins with a user name and password that were accepted."),
     "auth_failures": (
         "auth_failures",

@@ -38,6 +38,7 @@ from broker.native.keepalive import KeepaliveSweeper
 from broker.net import RECEIVE_SIZE, linger
 from broker.security import ANONYMOUS
 from broker.security.floods import Refusal
+from broker.store import StoreError
 
 ERROR_FLUSH_SECONDS = 1.0
 BATCH_BYTES = 256 * 1024
@@ -153,6 +154,7 @@ class MqttConnection:
         if isinstance(self.stream, trio.SocketStream):  # (not a WebSocket, not TLS)
             outbound.write_directly(self.stream.socket.fileno(), self._last_word_due)
         requests = Requests(self, accepted, outbound)
+        await self._authorize(accepted, requests)
         session.on_failure = self._session_failed
         if session.failure is not None:
             self._session_failed(session.failure)
@@ -169,10 +171,38 @@ class MqttConnection:
         finally:
             self._release(accepted, self._closing)
 
+    async def _authorize(self, accepted: Accepted, requests: Requests) -> None:
+        """Give the session its topic ACL rules: a resumed session loses the subscriptions
+        they do not grant (from the store too), and a will they do not let the client
+        publish is dropped (counted, logged); a reload later tells ``requests``."""
+        broker = self.broker
+        session = accepted.session
+        removed = broker.authorize(session, accepted.identity, accepted.client_id)
+        session.on_revoked = requests.revoked
+        if removed:
+            requests.revoked(removed)
+            store = broker.store
+            if session.durable and store is not None:
+                for _sub_id, flt in removed:
+                    try:
+                        await store.remove_filter(session.client_id, flt.text, flt.dialect)
+                    except StoreError as exc:
+                        log.error("store failed", client=session.client_id, error=str(exc))
+        will = accepted.will
+        if will is not None and session.acl is not None and not session.acl.may_publish(will.topic):
+            accepted.will = None
+            broker.counters.acl_denied_publish += 1
+            log.info(
+                "will dropped: not allowed by the topic ACLs",
+                client=accepted.client_id,
+                topic=will.topic,
+            )
+
     def _release(self, accepted: Accepted, closing: Closing | None) -> None:
         """The session and the client id go back to the core and the front end."""
         session = accepted.session
         session.direct = None
+        session.on_revoked = None
         frontend = self.mqtt
         client_id = accepted.client_id
         if frontend.live.get(client_id) is self:

@@ -41,6 +41,7 @@ from broker.mqtt.holder import Conn
 from broker.mqtt.packets import PubRel
 from broker.mqtt.publish import append_publish, delivery_properties
 from broker.mqtt.subscriptions import Options
+from routing.acl import Access
 
 BATCH_BYTES = 256 * 1024
 EMPTY_TOPIC = b"\x00\x00"  # a PUBLISH topic of length 0: its topic alias says which
@@ -58,6 +59,11 @@ class ShareSink:
         self.outbound = outbound
         self.options = options
         self.member: Member | None = None  # set once joined
+
+    @property
+    def acl(self) -> Access | None:
+        """The member's topic ACL rules: its connection's (shared groups check them)."""
+        return self.outbound.session.acl
 
     def push(self, message: Message, sub_id: int, seq: int) -> None:
         self.outbound.shared.append((message, self, seq))

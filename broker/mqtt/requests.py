@@ -8,6 +8,12 @@ a PUBLISH whose packet id is still between PUBREC and PUBREL is not routed again
 SUBSCRIBE maps `+`/`#` filters onto the core's mqtt dialect, keeps MQTT's options in
 ``Subscriptions`` and sends the retained messages each new subscription asks for after
 the SUBACK.
+
+Topic ACLs (``Session.acl``): a filter the client's rules do not cover gets SUBACK 0x87
+(5.0) or 0x80 (3.1.1) and is not subscribed (``$share/G/F``: F is checked). A PUBLISH they
+do not allow is not routed: 5.0 answers PUBACK/PUBREC 0x87 (QoS 0: dropped); 3.1.1 has no
+refusal, and closing would make the client send it again for ever, so it is acknowledged
+as usual and dropped (MQTT-3.3.5-2 allows either). Both are counted and logged.
 """
 
 from __future__ import annotations
@@ -176,6 +182,9 @@ class Requests:
         if qos == 2 and p.packet_id in self.state.qos2_received:
             self._send(PubRec(p.packet_id))  # a resend: routed once already
             return None
+        acl = self.session.acl
+        if acl is not None and not acl.may_publish(topic):
+            return self._not_authorized(p, topic)
         if len(p.payload) > broker.config.max_payload:
             text = (
                 f"payload of {len(p.payload)} bytes exceeds the limit of "
@@ -243,6 +252,17 @@ class Requests:
                 encode(PubRec(p.packet_id), self.level),  # type: ignore[arg-type]
                 encode(PubRec(p.packet_id, R.UNSPECIFIED_ERROR), self.level),  # type: ignore[arg-type]
             )
+
+    def _not_authorized(self, p: Publish, topic: str) -> Closing | None:
+        """A PUBLISH the topic ACLs refuse (see the module docstring)."""
+        self.broker.counters.acl_denied_publish += 1
+        text = f"publishing to {topic!r} is not allowed by the topic ACLs"
+        if self.v5:
+            return self._refuse_publish(p, R.NOT_AUTHORIZED, text)
+        self.broker.counters.errors[f"MQTT_{R.NOT_AUTHORIZED:#04x}"] += 1
+        log.info("publish dropped", client=self.session.client_id, text=text)
+        self._acknowledge(p, None)  # 3.1.1: acknowledged as usual, not routed
+        return None
 
     def _refuse_publish(self, p: Publish, reason: int, text: str) -> Closing | None:
         """A PUBLISH the broker does not take: MQTT 5 says why in its PUBACK/PUBREC; QoS 0
@@ -321,6 +341,9 @@ class Requests:
             except routing.TopicError:
                 codes.append(R.TOPIC_FILTER_INVALID if self.v5 else 0x80)
                 continue
+            if not self._may_subscribe(flt):
+                codes.append(R.NOT_AUTHORIZED if self.v5 else 0x80)
+                continue
             options = Options(
                 qos=sub.qos,
                 no_local=sub.no_local,
@@ -375,6 +398,8 @@ class Requests:
             flt = routing.parse_filter(flt_text, routing.MQTT)
         except routing.TopicError:
             return invalid
+        if not self._may_subscribe(flt):
+            return R.NOT_AUTHORIZED if self.v5 else 0x80
         options = Options(qos=qos, retain_as_published=retain_as_published, identifier=identifier)
         sinks = self.outbound.shares
         sink = sinks.get(name)
@@ -397,6 +422,35 @@ class Requests:
         sink = sinks[name] = ShareSink(self.outbound, options)
         sink.member = group.join(sink)  # type: ignore[arg-type]  (a member's sink)
         return qos
+
+    def _may_subscribe(self, flt: routing.Filter) -> bool:
+        """Do the client's topic ACLs grant ``flt``? (Counted and logged when not.)"""
+        acl = self.session.acl
+        if acl is None or acl.may_subscribe(flt):
+            return True
+        self.broker.counters.acl_denied_subscribe += 1
+        log.info("subscribe refused", client=self.session.client_id, filter=flt.text)
+        return False
+
+    def revoked(self, removed: list[tuple[int, routing.Filter]]) -> None:
+        """New topic ACLs removed these subscriptions (``Broker.set_policy``): MQTT has no
+        way to tell the client, so they are forgotten here (and logged by the core); shared
+        subscriptions the new rules do not grant are left."""
+        for _sub_id, flt in removed:
+            self.state.subscriptions.remove(flt.text)
+        acl = self.session.acl
+        if acl is None:
+            return
+        for name in list(self.outbound.shares):
+            _share, _, text = name.partition("/")
+            if not acl.may_subscribe(routing.parse_filter(text, routing.MQTT)):
+                self.broker.counters.acl_denied_subscribe += 1
+                log.info(
+                    "shared subscription removed by the topic ACLs",
+                    client=self.session.client_id,
+                    filter=SHARE_PREFIX + name,
+                )
+                self._unshare(SHARE_PREFIX + name)
 
     async def rejoin_shares(self) -> None:
         """A resumed session's shared subscriptions: this connection joins their groups."""

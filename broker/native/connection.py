@@ -46,10 +46,12 @@ from broker.native.keepalive import KeepaliveSweeper
 from broker.native.requests import Requests
 from broker.net import RECEIVE_SIZE, linger
 from broker.security import ANONYMOUS
+from broker.store import StoreError
 from broker.wire.codec import append_msg, encode_msg
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
 from broker.wire.frames import Error, PeerHello, Ping
 from broker.wire.states import CLOSED, CLOSING
+from routing import Filter
 
 ERROR_FLUSH_SECONDS = 1.0
 FILL_PAGE = 2000  # messages fetched from the store per gap-fill read
@@ -151,6 +153,10 @@ class ClientConnection:
                 self.identity = opened.identity
                 self.keepalive = opened.keepalive
                 self.last_heard = opened.heard
+                revoked = broker.authorize(session, opened.identity, opened.client_id)
+                if revoked:  # a resumed durable session's filters its rules do not grant
+                    self._revoked(revoked)
+                    await self._forget_stored(session, revoked)
                 confirms = Confirms(session, self.proto)
                 requests = Requests(
                     broker,
@@ -171,8 +177,37 @@ class ClientConnection:
             broker.connections.discard(self)
             await trio.aclose_forcefully(self.stream)
 
+    def _revoked(self, removed: list[tuple[int, Filter]]) -> None:
+        """Tell the client which subscriptions the topic ACLs removed: ERROR NOT_AUTHORIZED
+        naming each (``sub``), in line behind the MSGs queued before (none follows it)."""
+        session = self.session
+        if session is None:
+            return
+        counters = self.broker.counters
+        for sub_id, flt in removed:
+            counters.errors[str(ErrorCode.NOT_AUTHORIZED)] += 1
+            error = Error(
+                code=str(ErrorCode.NOT_AUTHORIZED),
+                text=f"subscription {sub_id} to {flt.text!r} is not allowed by the topic ACLs "
+                "any more; it was removed",
+                sub=sub_id,
+            )
+            session.send_control(self.proto.send(error), ordered=True)
+
+    async def _forget_stored(self, session: Session, removed: list[tuple[int, Filter]]) -> None:
+        """A durable session's revoked filters leave the store too."""
+        store = self.broker.store
+        if not session.durable or store is None:
+            return
+        for _sub_id, flt in removed:
+            try:
+                await store.remove_filter(session.client_id, flt.text, flt.dialect)
+            except StoreError as exc:
+                log.error("store failed", client=session.client_id, error=str(exc))
+
     def _release(self, session: Session, member: Member | None) -> None:
         session.direct = None
+        session.on_revoked = None
         if member is not None:
             member.group.leave(member)  # what it held goes to the others
             self.broker.close_session(session)
@@ -202,6 +237,7 @@ class ClientConnection:
         if self.sweeper is not None:
             self.sweeper.hurry(self.keepalive)
         session.on_failure = self._session_failed
+        session.on_revoked = self._revoked
         if session.failure is not None:
             self._session_failed(session.failure)
         if self._fd is not None and not session.durable:

@@ -38,6 +38,7 @@ class Opened:
     heard: float  # when the client was last heard (trio time): the keepalive starts there
     joining: Group | None  # the shared group it joins once its first request is answered
     identity: Identity = ANONYMOUS  # who the client proved to be (broker/security)
+    client_id: str = ""  # the id the client gave (else the one assigned): the ACLs' %c
 
 
 async def handshake(
@@ -164,7 +165,8 @@ async def handshake(
     )
     session.send_control(proto.send(welcome))
     log.debug("hello", peer=peer, client=session.client_id, owner=identity.owner)
-    return Opened(session, keepalive, heard, joining, identity)
+    client_id = frame.client_id or session.client_id
+    return Opened(session, keepalive, heard, joining, identity, client_id=client_id)
 
 
 async def login(broker: Broker, stream: trio.abc.Stream, hello: Hello, peer: str) -> Identity:

@@ -11,6 +11,11 @@ and one call. Two things make it more than a table:
   before the next frame is handled, so each client's requests take effect in order while
   the handlers themselves stay synchronous. PUBACKs go through ``Confirms``.
 
+Topic ACLs (``Session.acl``, set at WELCOME): a PUB the client's rules do not allow, or a
+SUB they do not cover, is refused with ERROR NOT_AUTHORIZED naming the request; nothing is
+routed or subscribed and the connection carries on. A group member's SUB is checked with
+the member's own rules.
+
 A SUB (unless ``retained`` is false) is followed by the retained messages its filter
 matches, after its SUBACK: queued at once for a transient session, through the store for a
 durable one (deferred like the rest), none for a shared group.
@@ -152,6 +157,11 @@ class Requests:
         group = self.member.group if self.member is not None else self._joining
         return group if group is not None else self.session
 
+    def _not_authorized(self, what: str, request_id: int | None) -> RemoteProtocolError:
+        return RemoteProtocolError(
+            ErrorCode.NOT_AUTHORIZED, f"{what} is not allowed by the topic ACLs", ref=request_id
+        )
+
     def _refuse(self, exc: ProtocolError) -> None:
         """Refuse one request with ERROR; the connection carries on."""
         self.broker.counters.errors[str(exc.code)] += 1
@@ -174,11 +184,44 @@ class Requests:
             room = max(0, broker.guard.max_subscriptions - len(session.subs))
             refused = [self._over_limit(frame.id) for frame in frames[room:]]
             frames = frames[:room]
+        acl = session.acl
+        if acl is not None and not all(acl.may_subscribe(frame.parsed) for frame in frames):
+            return self._subscribe_checked(frames, end, refused)
         sub_ids = broker.subscribe_many(session, [frame.parsed for frame in frames])
         replies = map(self.proto.send_suback, [frame.id for frame in frames], sub_ids)
         session.send_control(b"".join(replies) + b"".join(refused))
         if len(broker.retained):  # (the SUBACKs go ahead of the MSGs: control frames)
             for frame, sub_id in zip(frames, sub_ids, strict=True):
+                if frame.retained:
+                    broker.deliver_retained_nowait(session, sub_id, frame.parsed)
+        return end
+
+    def _subscribe_checked(self, frames: list[Sub], end: int, refused: list[bytes]) -> int:
+        """A run of SUBs some of which the topic ACLs refuse: the others subscribed in one
+        core call, and every SUBACK and ERROR in order, in one write (``refused``: the
+        ERRORs of the run's tail, over the subscription limit, last)."""
+        acl = self.session.acl
+        assert acl is not None
+        allowed = [acl.may_subscribe(frame.parsed) for frame in frames]
+        broker = self.broker
+        session = self.session
+        granted = [frame.parsed for frame, ok in zip(frames, allowed, strict=True) if ok]
+        sub_ids = iter(broker.subscribe_many(session, granted))
+        parts = []
+        given = []
+        for frame, ok in zip(frames, allowed, strict=True):
+            if ok:
+                sub_id = next(sub_ids)
+                given.append((frame, sub_id))
+                parts.append(self.proto.send_suback(frame.id, sub_id))
+            else:
+                broker.counters.acl_denied_subscribe += 1
+                exc = self._not_authorized(f"subscribing to {frame.filter!r}", frame.id)
+                broker.counters.errors[str(exc.code)] += 1
+                parts.append(self.proto.send(Error.from_exception(exc)))
+        session.send_control(b"".join(parts) + b"".join(refused))
+        if len(broker.retained):
+            for frame, sub_id in given:
                 if frame.retained:
                     broker.deliver_retained_nowait(session, sub_id, frame.parsed)
         return end
@@ -215,6 +258,11 @@ class Requests:
             text = broker.guard.publish_refused(self.session.client_id)
             self._refuse(RemoteProtocolError(ErrorCode.RATE_LIMITED, text, ref=frame.id))
             return
+        acl = self.session.acl
+        if acl is not None and not acl.may_publish(frame.topic):
+            broker.counters.acl_denied_publish += 1
+            self._refuse(self._not_authorized(f"publishing to {frame.topic!r}", frame.id))
+            return
         if len(frame.payload) > broker.config.max_payload:
             self._refuse(
                 RemoteProtocolError(
@@ -247,6 +295,11 @@ class Requests:
     def _sub(self, frame: Sub) -> None:
         broker = self.broker
         session = self.session
+        acl = session.acl  # (a group member's own rules, whoever owns the subscription)
+        if acl is not None and not acl.may_subscribe(frame.parsed):
+            broker.counters.acl_denied_subscribe += 1
+            self._refuse(self._not_authorized(f"subscribing to {frame.filter!r}", frame.id))
+            return
         owner = (
             session if self.member is None and self._joining is None else self._owner()
         )  # (most sessions are nobody's group member: no call for them)

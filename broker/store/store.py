@@ -412,6 +412,13 @@ class Store:
             partial(SqliteBackend.ack_one, client_id=client_id, seq=seq), lazy=True
         )
 
+    def ack_one_nowait(self, client_id: str, seq: int) -> Pending:
+        """``begin_ack_one`` without a checkpoint; ``trio.WouldBlock`` (nothing queued) when
+        the queue is full."""
+        return self._enqueue_nowait(
+            partial(SqliteBackend.ack_one, client_id=client_id, seq=seq), None
+        )
+
     async def ack(self, client_id: str, seq: int) -> int:
         """Cumulative ack: delete deliveries with seq <= ``seq``; how many were removed.
 

@@ -382,15 +382,17 @@ class Pong(Frame):
 class Error(Frame):
     """Either direction: ``code`` (an ErrorCode value) and a human-readable ``text``.
 
-    ``ref`` is the id of the refused request, if any. ``code`` is any string, so that codes
-    added by newer peers are received intact; whether the connection closes follows the code
-    (unknown codes close).
+    ``ref`` is the id of the refused request, if any; ``sub`` the subscription the error
+    ended, if any (a subscription the topic ACLs no longer grant). ``code`` is any string, so
+    that codes added by newer peers are received intact; whether the connection closes
+    follows the code (unknown codes close).
     """
 
     TYPE: ClassVar[str] = "ERROR"
     code: str
     text: str
     ref: int | None = None
+    sub: int | None = None
 
     def __post_init__(self) -> None:
         check_str(self, "code")
@@ -398,6 +400,7 @@ class Error(Frame):
             fail(self, "code", "must not be empty", None)
         check_str(self, "text")
         check_uint(self, "ref", optional=True)
+        check_uint(self, "sub", optional=True)
 
     @classmethod
     def from_exception(cls, exc: ProtocolError) -> Self:
