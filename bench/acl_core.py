@@ -1,7 +1,10 @@
-"""Topic ACL cost: fan-out with 1,000 rules and 1,000 clients against no ACLs, side by side.
+"""Topic ACL cost in the core: fan-out with 1,000 rules and 1,000 clients against no ACLs.
 
-    python bench/acl.py [--clients N] [--rules N] [--publishes N] [--rounds N] [--quick]
-                        [--json PATH]
+    python bench/acl_core.py [--clients N] [--rules N] [--publishes N] [--rounds N] [--quick]
+                             [--json PATH]
+
+(bench/acl.py measures the same question end to end: brokers in their own processes,
+clients over sockets, the workload's topics and filters.)
 
 What is measured is what ACLs add to a publish: the publisher's ``may_publish`` check (as
 the front ends make it) and the router's fan-out (``Broker.publish``) to N transient
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['case']:<10} {row['deliveries_per_s']:>14,} {row['ratio']:>8.3f}")
     if args.json:
         report = {
-            "benchmark": "acl",
+            "benchmark": "acl_core",
             "machine": machine_info(),
             "parameters": {"quick": args.quick, "counts": counts, "topics": len(TOPICS)},
             "results": results,
