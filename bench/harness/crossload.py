@@ -301,9 +301,17 @@ async def read_until_marker(client: LeanClient, reader: Reader, phase: str, late
 
 
 async def subscriber_main(
-    pipe: Pipe, protocol: str, port: int, connections: list[list[str]], name: str
+    pipe: Pipe,
+    protocol: str,
+    port: int,
+    connections: list[list[str]],
+    name: str,
+    own: str | None = None,
 ) -> None:
-    """Worker: connect and subscribe every connection, then count on command."""
+    """Worker: connect and subscribe every connection, then count on command. With
+    ``own`` (a filter with ``{client}`` in it), each connection also subscribes to it with
+    its own client id put in (bench/acl.py: a rule with ``%c`` grants it); the ids are in
+    the ``ready`` message."""
     clients: list[LeanClient] = []
     try:
         with trio.fail_after(CONNECT_TIMEOUT):
@@ -311,7 +319,8 @@ async def subscriber_main(
                 clients.append(await LeanClient.connect(protocol, port, f"{name}-{k}"))
             timings = []
             for client, filters in zip(clients, connections, strict=True):
-                timings.append(await client.subscribe([*filters, CONTROL_TOPIC]))
+                extra = [own.format(client=client.client_id)] if own is not None else []
+                timings.append(await client.subscribe([*filters, *extra, CONTROL_TOPIC]))
         pipe.send(
             (
                 "ready",
@@ -321,6 +330,7 @@ async def subscriber_main(
                     "refused": [t.refused for t in timings],
                     "first_refusal": next((c.first_refusal for c in clients if c.refused), None),
                     "subscribe_seconds": [t.seconds for t in timings],
+                    "client_ids": [c.client_id for c in clients],
                 },
             )
         )

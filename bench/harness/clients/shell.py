@@ -262,6 +262,7 @@ class LeanClient:
         self.first_refusal: str | None = None
         self.stray_messages = 0  # messages read while waiting for an answer
         self.lost: str | None = None  # why the connection ended, once it has
+        self.client_id: str | None = None  # what the hello said, once ``connect`` sent it
         self.last_control_ns = 0  # when the read that brought the last answer returned
         self._out = bytearray()
         self._replies = bytearray()
@@ -277,8 +278,9 @@ class LeanClient:
         _connections += 1
         stream = await trio.open_tcp_stream(host, port)
         client = cls(stream, CODECS[protocol]())
+        client.client_id = f"{name}-{os.getpid()}-{_connections}"
         try:
-            await client._send(client.codec.hello(f"{name}-{os.getpid()}-{_connections}"))
+            await client._send(client.codec.hello(client.client_id))
             if client.codec.hello_wait == PONG:
                 await client._until(lambda: client.pongs >= 1)
                 client.connected = True
