@@ -132,6 +132,7 @@ FILTERS_PER_CONNECTION: Final = 4
 OWN_FILTER: Final = "client/{client}/>"  # each connection's own, granted by client/%c/>
 WORKER_READY_TIMEOUT: Final = 120.0
 GOAL_RATIO: Final = 0.9
+DENIED_COUNTER: Final = "acl_denied_deliveries"  # the broker's count of copies withheld
 GOAL_MESSAGES: Final = 200_000
 GOAL_CONNECTIONS: Final = 1_000
 GOAL_RULES: Final = 1_000
@@ -391,9 +392,11 @@ def counter_moves(before: dict[str, Any], after: dict[str, Any]) -> dict[str, in
     return out
 
 
-def start(kind: str, directory: Path, label: str, rules: str) -> BrokerProcess:
+def start(
+    kind: str, directory: Path, label: str, rules: str, profile: Path | None = None
+) -> BrokerProcess:
     """A topiary broker with the side-by-side's limits, and with ``kind == "acl"`` the
-    rule file ``rules``."""
+    rule file ``rules``; under cProfile, its stats written to ``profile``, if given."""
     config = TOPIARY_CONFIG
     if kind == "acl":
         acl = directory / f"{label}-rules.toml"
@@ -401,7 +404,7 @@ def start(kind: str, directory: Path, label: str, rules: str) -> BrokerProcess:
         config += f"\n[acl]\nfile = {json.dumps(str(acl))}\n"
     path = directory / f"{label}.toml"
     path.write_text(config)
-    return start_broker(directory / f"{label}.log", config=path)
+    return start_broker(directory / f"{label}.log", config=path, profile=profile)
 
 
 def run_one(
@@ -429,7 +432,8 @@ def run_one(
     started = time.monotonic()
     messages = len(work["topics"])
     try:
-        broker = start(kind, directory, label, acl_toml(rules))
+        profile = Path(params["profile"]) / f"{label}.prof" if params.get("profile") else None
+        broker = start(kind, directory, label, acl_toml(rules), profile)
         result["broker_pid"] = broker.pid
         subs = [
             Worker(
@@ -483,6 +487,7 @@ def run_one(
 
         sent, first = published["sent"], published["first_ns"]
         exact = exactness(rows, owed, sent)
+        counters = counter_moves(before, after)
         last = [r["last_ns"] for r in rows if r["last_ns"] is not None]
         completion = (max(last) - first) / 1e9 if last else None
         result["throughput"] = {
@@ -493,12 +498,13 @@ def run_one(
             "delivered_per_second": exact["received"] / completion if completion else None,
             "deliveries_per_message": exact["received"] / sent if sent else None,
             "withheld": owed.withheld,
+            "broker_denied": counters.get(DENIED_COUNTER, 0),
             "exactness": exact,
             "complete": all(r["marker_ns"] is not None for r in rows),
             "markers": markers,
             "publisher_cpu_seconds": published["cpu_seconds"],
             "broker_cpu_seconds": broker_cpu,
-            "broker_counters": counter_moves(before, after),
+            "broker_counters": counters,
         }
         status = proc_status(broker.pid)
         result["broker_peak_rss_mb"] = status.get("VmHWM")
@@ -641,6 +647,12 @@ def notes(report: dict[str, Any]) -> list[str]:
             dropped = a["broker_counters"].get("dropped")
             if dropped:
                 out.append(f"{tag}: the broker dropped {dropped:,}")
+            denied = a["broker_denied"]
+            if a["broker_counters"] and denied != a["withheld"]:  # empty: no stats
+                out.append(
+                    f"{tag}: the broker counted {denied:,} deliveries denied "
+                    f"({DENIED_COUNTER}), the reference withholds {a['withheld']:,}"
+                )
             if not a["complete"]:
                 out.append(f"{tag}: not every subscriber saw the marker")
         log = r.get("broker_log_summary", {})
@@ -671,6 +683,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rules", type=int, help="rules in the ACL file (1,000)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     parser.add_argument("--log-dir", help="keep the brokers' logs and configs here")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="run the brokers under cProfile, stats in DIR/roundN-KIND.prof (slower: "
+        "for finding where the time goes, not for the figures)",
+    )
     args = parser.parse_args(argv)
     for name, low in (("rounds", 1), ("messages", 1), ("connections", 2)):
         value = getattr(args, name)
@@ -688,6 +706,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) is not None:
             params[name] = getattr(args, name)
     params["processes"] = min(params["processes"], params["connections"])
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        params["profile"] = str(Path(args.profile).resolve())
     report: dict[str, Any] = {
         "benchmark": "acl",
         "machine": machine_info(trio=trio.__version__),

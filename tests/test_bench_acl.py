@@ -106,6 +106,9 @@ def test_quick_run_measures_both_brokers_exactly(quick_run: tuple) -> None:
     assert runs["plain"]["rules"] == 0 and runs["plain"]["throughput"]["withheld"] == 0
     withheld = runs["acl"]["throughput"]["withheld"]
     assert withheld > 0  # the deny rules hit part of the traffic
+    assert runs["acl"]["throughput"]["broker_denied"] == withheld  # the broker's own count
+    assert runs["plain"]["throughput"]["broker_denied"] == 0
+    assert report["notes"] == []
     received = {k: r["throughput"]["exactness"]["received"] for k, r in runs.items()}
     assert received["acl"] + withheld == received["plain"]  # the same clients, less the denied
     (ratio,) = report["rounds"]
