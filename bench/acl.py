@@ -306,9 +306,6 @@ class Owed:
             withheld += withheld_by_topic[topic]
         return cls(positions, withheld)
 
-    def expected(self, conn: int) -> int:
-        return len(self.positions[conn])
-
     def check(self, conn: int, indices: Sequence[int], sent: int) -> dict[str, int]:
         """Message by message: the copies ``conn`` received (``indices``, one per copy)
         against one copy of each owed message among the first ``sent``."""

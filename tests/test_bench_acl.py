@@ -1,6 +1,7 @@
 """bench/acl.py: its quick run in a subprocess (so the benchmark cannot rot), and the rule set
-and exactness reference it judges the brokers by. Only the report's shape and exactness facts
-are checked, never timings."""
+and exactness reference it judges the brokers by, property-tested against crossload's dense
+Expectation and a brute-force matcher (tests/reference.py). Only the report's shape and
+exactness facts are checked, never timings."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import tomllib
 from array import array
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bench import acl
+from bench.harness.crossload import Expectation
 from routing import MQTT, NATIVE, covers, parse_filter
 from tests.benchrun import ROOT, run_quick, still_running
+from tests.reference import ref_matches
 
 SCRIPT = ROOT / "bench" / "acl.py"
 OURS = (b"broker.cli", b"multiprocessing")
@@ -80,6 +85,57 @@ def test_owed_checks_message_by_message() -> None:
     owed = acl.Owed([array("q", [0, 2, 3, 5])], withheld=0)
     got = owed.check(0, array("q", [0, 2, 2, 4, 9]), sent=4)  # 3 missing, 2 twice, 4 and 9
     assert got == {"expected": 3, "received": 5, "missing": 1, "duplicates": 1, "unexpected": 2}
+
+
+LEVELS = st.sampled_from(["a", "b"])
+TOPICS = st.lists(LEVELS, min_size=1, max_size=3).map("/".join)
+FILTERS = st.lists(st.sampled_from(["a", "b", "*"]), min_size=1, max_size=3).map(
+    lambda levels: "/".join(levels)
+) | TOPICS.map(lambda t: t + "/>")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(FILTERS, max_size=3), min_size=1, max_size=4),
+    st.lists(TOPICS, min_size=1, max_size=12),
+    st.lists(st.integers(0, 14), max_size=20),
+    st.data(),
+)
+def test_owed_without_denies_agrees_with_the_dense_expectation(
+    connections: list[list[str]], topics: list[str], received: list[int], data: st.DataObject
+) -> None:
+    dense = Expectation.build(connections, topics, ["connection"])["connection"]
+    owed = acl.Owed.build(connections, topics)
+    for conn, row in enumerate(dense.per_position):
+        assert list(owed.positions[conn]) == [i for i, copies in enumerate(row) if copies]
+    conn = data.draw(st.integers(0, len(connections) - 1))
+    sent = data.draw(st.integers(0, len(topics)))
+    assert owed.check(conn, received, sent) == dense.check(conn, received, sent)
+
+
+DENIES = st.tuples(FILTERS, st.just(NATIVE)) | st.tuples(
+    st.lists(st.sampled_from(["a", "b", "+"]), min_size=1, max_size=3).map("/".join), st.just(MQTT)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.lists(FILTERS, max_size=3), st.lists(DENIES, max_size=2)), max_size=4),
+    st.lists(TOPICS, min_size=1, max_size=12),
+)
+def test_owed_is_what_a_filter_matches_and_no_deny_does(
+    connections: list[tuple[list[str], list[tuple[str, str]]]], topics: list[str]
+) -> None:
+    owed = acl.Owed.build([c for c, _ in connections], topics, [d for _, d in connections])
+    withheld = 0
+    for conn, (filters, denies) in enumerate(connections):
+        wanted = [any(ref_matches(f, NATIVE, t) for f in filters) for t in topics]
+        denied = [any(ref_matches(f, d, t) for f, d in denies) for t in topics]
+        assert list(owed.positions[conn]) == [
+            i for i in range(len(topics)) if wanted[i] and not denied[i]
+        ]
+        withheld += sum(w and d for w, d in zip(wanted, denied, strict=True))
+    assert owed.withheld == withheld
 
 
 def test_quick_run_measures_both_brokers_exactly(quick_run: tuple) -> None:
