@@ -2,7 +2,7 @@
 
     python bench/acl.py [--quick] [--json PATH] [--rounds N] [--messages N]
                         [--connections N] [--rules N] [--seed N] [--log-dir DIR]
-                        [--profile DIR]
+                        [--client-deny] [--profile DIR]
 
 Issue 19 asks: "fan-out with 1,000 ACL rules and 1,000 clients vs no ACLs: >= 0.9x the
 throughput", measured side by side in one run. Each round starts two topiary brokers
@@ -32,17 +32,23 @@ rules that bind them are those for everyone (``who = "*"``, ``COMMON_RULES``):
   ``beacon/+/+/+/+/signup`` (MQTT dialect), ``beacon/*/*/*/help/error`` and
   ``beacon/me/qa/>`` (they withhold ~1% of the copies: deny per message is the
   expensive path, exercised on every delivery, and a few hits show it works without
-  making the ACL broker's job much lighter; the table shows how many were withheld) and
-  on ``client/%c/private/>`` (a per-client entry in every client's deny table);
+  making the ACL broker's job much lighter; the table shows how many were withheld);
 - deny publish on ``beacon/*/*/*/admin/>``: every publish checks a deny rule too, none
   hits.
 
-The rest (990 of 1,000, ``other_rules``) name principals that never connect: users
-(``user:tenant-NNNNN``: allow subscribe on a site, in either dialect; deny subscribe on a
-site's account pages; deny publish of a site's purchases), groups (``group:team-NN``:
-allow on a region, or on ``user/%u/#``) and certificates (``cert:CN=device-NNNNN,
-O=topiary``: allow publish on ``device/%c/>``). The broker must parse and index them,
-and pass over them for every client; their filters are about the same workload sites.
+Every client has the same deny-subscribe rules, as deny rules for everyone make them: a
+broker may ask them once per message for all its clients. ``--client-deny`` adds a tenth,
+``CLIENT_DENY``: deny subscribe on ``client/%c/private/>`` (no topic published matches
+it), which gives every client a deny set of its own, the case where a broker must ask
+each client's rules for each delivery.
+
+The rest (991 of 1,000, or 990 with ``--client-deny``; ``other_rules``) name principals
+that never connect: users (``user:tenant-NNNNN``: allow subscribe on a site, in either
+dialect; deny subscribe on a site's account pages; deny publish of a site's purchases),
+groups (``group:team-NN``: allow on a region, or on ``user/%u/#``) and certificates
+(``cert:CN=device-NNNNN,O=topiary``: allow publish on ``device/%c/>``). The broker must
+parse and index them, and pass over them for every client; their filters are about the
+same workload sites.
 
 ``--profile DIR`` runs the brokers under cProfile (DIR/roundN-KIND.prof): slower, for
 finding where the time goes, not for the figures.
@@ -171,9 +177,15 @@ COMMON_RULES: Final[tuple[dict[str, Any], ...]] = (
     {"who": "*", "deny": ["subscribe"], "filter": "beacon/+/+/+/+/signup", "dialect": MQTT},
     {"who": "*", "deny": ["subscribe"], "filter": "beacon/*/*/*/help/error"},
     {"who": "*", "deny": ["subscribe"], "filter": "beacon/me/qa/>"},
-    {"who": "*", "deny": ["subscribe"], "filter": "client/%c/private/>"},
     {"who": "*", "deny": ["publish"], "filter": "beacon/*/*/*/admin/>"},
 )
+#: With ``--client-deny``: a deny rule for everyone with ``%c`` in it, so that no two
+#: clients share their deny-subscribe rules (no topic published matches it).
+CLIENT_DENY: Final[dict[str, Any]] = {
+    "who": "*",
+    "deny": ["subscribe"],
+    "filter": "client/%c/private/>",
+}
 
 
 # -- the rule set ------------------------------------------------------------------------------
@@ -227,11 +239,17 @@ def other_rules(count: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def rule_set(total: int, seed: int) -> list[dict[str, Any]]:
-    """``COMMON_RULES`` and then ``other_rules`` up to ``total`` rules."""
-    if total < len(COMMON_RULES):
-        raise ValueError(f"at least {len(COMMON_RULES)} rules (those that bind the clients)")
-    return [*COMMON_RULES, *other_rules(total - len(COMMON_RULES), seed)]
+def binding_rules(client_deny: bool = False) -> list[dict[str, Any]]:
+    """The rules for everyone: ``COMMON_RULES``, and ``CLIENT_DENY`` with ``client_deny``."""
+    return [*COMMON_RULES, CLIENT_DENY] if client_deny else list(COMMON_RULES)
+
+
+def rule_set(total: int, seed: int, client_deny: bool = False) -> list[dict[str, Any]]:
+    """``binding_rules(client_deny)``, then ``other_rules`` up to ``total`` rules."""
+    common = binding_rules(client_deny)
+    if total < len(common):
+        raise ValueError(f"at least {len(common)} rules (those that bind the clients)")
+    return [*common, *other_rules(total - len(common), seed)]
 
 
 def acl_toml(rules: Sequence[dict[str, Any]]) -> str:
@@ -688,6 +706,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     parser.add_argument("--log-dir", help="keep the brokers' logs and configs here")
     parser.add_argument(
+        "--client-deny",
+        action="store_true",
+        help="add deny subscribe on client/%%c/private/> for everyone: no two clients share "
+        "their deny rules",
+    )
+    parser.add_argument(
         "--profile",
         metavar="DIR",
         help="run the brokers under cProfile, stats in DIR/roundN-KIND.prof (slower: "
@@ -698,8 +722,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < low:
             parser.error(f"--{name} must be >= {low}")
-    if args.rules is not None and args.rules < len(COMMON_RULES):
-        parser.error(f"--rules must be >= {len(COMMON_RULES)} (the rules that bind the clients)")
+    least = len(binding_rules(args.client_deny))
+    if args.rules is not None and args.rules < least:
+        parser.error(f"--rules must be >= {least} (the rules that bind the clients)")
     return args
 
 
@@ -720,6 +745,7 @@ def main(argv: list[str] | None = None) -> int:
             **params,
             "quick": args.quick,
             "seed": args.seed,
+            "client_deny": args.client_deny,
             "filters_per_connection": FILTERS_PER_CONNECTION,
             "payload_sizes": list(PAYLOAD_SIZES),
         },
@@ -735,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     work = plan(params, args.seed)
-    rules = rule_set(params["rules"], args.seed)
+    rules = rule_set(params["rules"], args.seed, args.client_deny)
     report["filters"] = work["filters"]
     report["rule_kinds"] = dict(
         Counter(f"{r['who'].split(':')[0]} {'allow' if 'allow' in r else 'deny'}" for r in rules)
@@ -770,7 +796,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     s = report["summary"]
     print(
-        f"{len(rules):,} rules ({len(COMMON_RULES)} for everyone, the rest for principals "
+        f"{len(rules):,} rules ({len(binding_rules(args.client_deny))} for everyone, the rest "
+        "for principals "
         f"not connected); {params['connections']:,} connections holding the first "
         f"{work['filters']['kept']:,} portable workload filters ({FILTERS_PER_CONNECTION} "
         f"each) + their client/ID/> + the control topic; {params['messages']:,} messages of "

@@ -44,6 +44,13 @@ def test_only_the_rules_for_everyone_bind_the_anonymous_clients() -> None:
     assert everyone == list(acl.COMMON_RULES)
 
 
+def test_client_deny_gives_each_client_a_deny_rule_of_its_own() -> None:
+    rules = acl.rule_set(1_000, seed=0, client_deny=True)
+    assert len(rules) == 1_000 and acl.CLIENT_DENY in rules
+    shared = acl.binding_denies(acl.rule_set(1_000, seed=0), "c1")
+    assert acl.binding_denies(rules, "c1") == [*shared, ("client/c1/private/>", NATIVE)]
+
+
 def test_every_filter_a_client_subscribes_is_granted_by_a_rule_for_everyone() -> None:
     work = acl.plan({**acl.QUICK, "connections": 1_000, "messages": 10}, seed=0)
     allowed = [
