@@ -24,14 +24,15 @@ name or client id that is empty, starts with ``$``, or holds ``/``, ``+``, ``#``
 name that makes the filter invalid (too long). An anonymous client has no user name, so
 rules with ``%u`` never apply to it.
 
-Cost: an ``Access`` holds its filters in small ``SubscriptionTable``s, so a decision costs
-a trie walk, not a scan of the rules, and ``may_publish`` and ``may_subscribe`` keep their
-answers (a dict lookup the second time). Clients with the same applicable rules and the
-same substituted names share one ``Access`` (``Policy`` keeps them), clients with the same
-deny-subscribe filters share one ``Denials`` (a router asks it once per message for all of
-them), and ``has_denies`` is false when no deny-subscribe rule applies, so a router can
-leave such clients on its fast path. No I/O, and nothing from ``broker/``: the caller
-passes who the client is.
+Cost: the questions asked per message (``may_publish``, and ``Denials.denies`` per
+delivery) go to ``FilterSet``s: one compiled regular expression for the few filters that
+name a client, a trie past that, never a scan of the rules in Python. ``may_subscribe``
+walks a small ``SubscriptionTable`` for the candidate rules and keeps its answers.
+Clients with the same applicable rules and the same substituted names share one
+``Access`` (``Policy`` keeps them), clients with the same deny-subscribe filters share one
+``Denials`` (a router asks it once per message for all of them), and ``has_denies`` is
+false when no deny-subscribe rule applies, so a router can leave such clients on its fast
+path. No I/O, and nothing from ``broker/``: the caller passes who the client is.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import Final, Protocol
 from routing.covering import covers
 from routing.errors import TopicError
 from routing.filters import DIALECTS, NATIVE, STAR, Filter, parse_filter
+from routing.filterset import FilterSet
 from routing.table import SubscriptionTable
 from routing.topics import MAX_LEVELS, MAX_TOPIC_BYTES
 
@@ -53,15 +55,13 @@ SUBSCRIBE: Final = "subscribe"
 ACTIONS: Final = (PUBLISH, SUBSCRIBE)
 #: The characters a substituted name may not hold (and ``$`` may not start it).
 FORBIDDEN_IN_NAMES: Final = ("/", "+", "#", "*", ">", "%", "\x00")
-#: Answers an ``Access`` keeps per question kind before it empties that cache.
+#: Subscribe answers an ``Access`` keeps before it empties that cache.
 ANSWERS_MAX: Final = 4096
 #: ``Access`` objects a ``Policy`` keeps for reuse before it empties that cache.
 ACCESS_MAX: Final = 4096
 
 _PLACEHOLDER = re.compile("%[uc]")
 _WHO_KINDS: Final = ("user:", "group:", "cert:")
-_ALLOW: Final = "allow"
-_DENY: Final = "deny"
 
 
 class Principal(Protocol):
@@ -173,8 +173,8 @@ class Access:
 
     __slots__ = (
         "_allow_subscribe",
-        "_pub_answers",
-        "_pub_table",
+        "_deny_publish",
+        "_may_publish",
         "_sub_answers",
         "_sub_table",
         "denials",
@@ -193,8 +193,10 @@ class Access:
         # A table only where there are filters (a broker may hold an Access per client, and
         # the cyclic GC walks all of it). Match caches are off where this class keeps its
         # own answers (one bool per question).
-        pub = [(flt, _ALLOW) for flt in allow_publish] + [(flt, _DENY) for flt in deny_publish]
-        self._pub_table = _table(pub, cache_size=0)
+        allow = FilterSet(allow_publish)
+        deny = FilterSet(deny_publish)
+        self._may_publish = allow.matches if allow else None
+        self._deny_publish = deny.matches if deny else None
         self._allow_subscribe = list(dict.fromkeys(allow_subscribe))
         self._sub_table = _table(list(zip(self._allow_subscribe, itertools.count())), 0)
         if denials is None:
@@ -204,21 +206,20 @@ class Access:
         #: asks once per message for all of them); None when there are none.
         self.denials = denials
         self.has_denies = denials is not None
-        self._pub_answers: dict[str, bool] = {}
         self._sub_answers: dict[Filter | tuple[str, str], bool] = {}
-        self.rules = len(pub) + len(self._allow_subscribe) + (len(denials) if denials else 0)
+        self.rules = (
+            len(allow) + len(deny) + len(self._allow_subscribe) + (len(denials) if denials else 0)
+        )
 
     def may_publish(self, topic: str) -> bool:
-        """May this client publish to ``topic`` (a valid topic)?"""
-        answer = self._pub_answers.get(topic)
-        if answer is None:
-            table = self._pub_table
-            found = table.match(topic) if table is not None else ()
-            answer = _ALLOW in found and _DENY not in found
-            if len(self._pub_answers) >= ANSWERS_MAX:
-                self._pub_answers.clear()
-            self._pub_answers[topic] = answer
-        return answer
+        """May this client publish to ``topic`` (a valid topic)? Asked of every publish: a
+        ``FilterSet`` each for the allow and the deny rules, no per-topic cache (a stream's
+        topics are too many for one to hit)."""
+        allowed = self._may_publish
+        if allowed is None or not allowed(topic):
+            return False
+        denied = self._deny_publish
+        return denied is None or not denied(topic)
 
     def may_subscribe(self, flt: Filter) -> bool:
         """May this client subscribe to ``flt``: does one allow-subscribe filter cover it?"""
@@ -257,22 +258,19 @@ class Access:
 
 
 class Denials:
-    """A set of deny-subscribe filters, asked per message: a table whose match cache makes a
-    repeated topic one dict lookup."""
+    """A set of deny-subscribe filters, asked per delivery: a ``FilterSet``, shared by the
+    clients that have the same ones (the router asks once per message for all of them)."""
 
-    __slots__ = ("_table", "filters")
+    __slots__ = ("denies", "filters")
 
     def __init__(self, filters: Sequence[Filter]) -> None:
-        self.filters = tuple(filters)
-        self._table = _table([(flt, _DENY) for flt in self.filters])
+        matcher = FilterSet(filters)
+        self.filters = matcher.filters
+        #: Does one of the filters match this topic (a valid topic)?
+        self.denies = matcher.matches
 
     def __len__(self) -> int:
         return len(self.filters)
-
-    def denies(self, topic: str) -> bool:
-        """Does one of the filters match ``topic`` (a valid topic)?"""
-        table = self._table
-        return table is not None and bool(table.match(topic))
 
 
 def _table(
