@@ -108,6 +108,10 @@ def covers(general: Filter | str, specific: Filter | str) -> bool:
     base = -1  # bytes of the cheapest n-level topic: separators included
     best_extra = _IMPOSSIBLE
     filled = 0  # levels folded into base and best_extra so far
+    # Past both filters' fixed levels every further level is the same (a wildcard level of
+    # ``specific`` against ``general``'s rest, or against nothing): it adds the same bytes
+    # and the same possible deviation, so a longer topic can only be a costlier one.
+    settled = max(len(s.levels), len(g.levels))
     for n in counts:
         if n < 1:
             continue
@@ -122,4 +126,6 @@ def covers(general: Filter | str, specific: Filter | str) -> bool:
             return False
         if base + best_extra <= MAX_TOPIC_BYTES:
             return False
+        if filled > settled and g.rest is not None:
+            return True  # every longer count is accepted, and dearer: no counterexample
     return True
