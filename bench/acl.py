@@ -119,7 +119,7 @@ from bench.harness.crossload import (  # noqa: E402
     split,
     subscriber_main,
 )
-from bench.harness.logs import scan_log  # noqa: E402
+from bench.harness.logs import broker_notes, scan_log  # noqa: E402
 from bench.harness.peers import TOPIARY_CONFIG  # noqa: E402
 from bench.harness.processes import (  # noqa: E402
     BrokerProcess,
@@ -677,15 +677,7 @@ def notes(report: dict[str, Any]) -> list[str]:
                 )
             if not a["complete"]:
                 out.append(f"{tag}: not every subscriber saw the marker")
-        log = r.get("broker_log_summary", {})
-        if log.get("problem_count"):
-            out.append(
-                f"{tag}: broker log has {log['problem_count']} problem lines, first: "
-                f"{log['problems'][0][:200]}"
-            )
-        stop = r.get("broker_stop", {})
-        if stop.get("killed") or stop.get("exit_status") not in (0, None):
-            out.append(f"{tag}: broker stop: {stop}")
+        out += broker_notes(tag, r)
     return out
 
 

@@ -124,7 +124,7 @@ import trio  # noqa: E402
 
 from bench import workload  # noqa: E402
 from bench.harness import BenchError  # noqa: E402
-from bench.harness.logs import scan_log  # noqa: E402
+from bench.harness.logs import broker_notes, scan_log  # noqa: E402
 from bench.harness.processes import (  # noqa: E402
     HOST,
     BrokerProcess,
@@ -1550,15 +1550,7 @@ def notes(report: dict[str, Any]) -> list[str]:
                 out.append(f"{tag}: not every subscriber saw the done marker")
             if p["late_messages"]:
                 out.append(f"{tag}: {p['late_messages']} messages after the done marker")
-        summary = r.get("broker_log_summary", {})
-        if summary.get("problem_count"):
-            out.append(
-                f"{name}: broker log has {summary['problem_count']} warning/error/non-JSON "
-                f"lines, first: {summary['problems'][0][:200]}"
-            )
-        stop = r.get("broker_stop", {})
-        if stop.get("killed") or stop.get("exit_status") not in (0, None):
-            out.append(f"{name}: broker stop: {stop}")
+        out += broker_notes(name, r)
         if name == SUBSCRIBE_SCENARIO and r.get("table_entries_after") != r.get(
             "table_entries_before"
         ):

@@ -48,7 +48,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import routing  # noqa: E402
-from bench.harness.report import arg_parser, fmt, machine_info, write_report  # noqa: E402
+from bench.harness.report import (  # noqa: E402
+    arg_parser,
+    format_columns,
+    machine_info,
+    write_report,
+)
 from broker.client import connect  # noqa: E402
 from broker.config import BrokerConfig  # noqa: E402
 from broker.log import configure_logging  # noqa: E402
@@ -161,23 +166,7 @@ async def run_size(size: int, answers: list[int], counts: dict[str, Any]) -> lis
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    cells = [
-        [
-            ("yes" if row[key] else "NO")
-            if key == "correct"
-            else fmt(row[key], spec)
-            if spec
-            else str(row[key])
-            for _header, key, spec in COLUMNS
-        ]
-        for row in rows
-    ]
-    headers = [header for header, _key, _spec in COLUMNS]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(lines)
+    return format_columns(rows, COLUMNS)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -50,3 +50,19 @@ def scan_log(path: Path) -> dict[str, Any]:
         "problem_count": problem_count,
         "problems": problems,
     }
+
+
+def broker_notes(tag: str, result: dict[str, Any]) -> list[str]:
+    """Notes for a report on a broker run's ``broker_log_summary`` (``scan_log``) and
+    ``broker_stop``: problem lines in its log, and a stop that was not clean."""
+    notes = []
+    summary = result.get("broker_log_summary", {})
+    if summary.get("problem_count"):
+        notes.append(
+            f"{tag}: broker log has {summary['problem_count']} warning/error/non-JSON "
+            f"lines, first: {summary['problems'][0][:200]}"
+        )
+    stop = result.get("broker_stop", {})
+    if stop.get("killed") or stop.get("exit_status") not in (0, None):
+        notes.append(f"{tag}: broker stop: {stop}")
+    return notes

@@ -107,3 +107,25 @@ def fmt(value: Any, spec: str = ",") -> str:
     if value is None:
         return "-"
     return format(value, spec)
+
+
+def format_columns(rows: list[dict[str, Any]], columns: tuple[tuple[str, str, str], ...]) -> str:
+    """Rows as a right-aligned text table: ``columns`` are (header, key, format spec); a
+    "correct" key shows yes/NO, an empty spec ``str``."""
+    cells = [
+        [
+            ("yes" if row[key] else "NO")
+            if key == "correct"
+            else fmt(row[key], spec)
+            if spec
+            else str(row[key])
+            for _header, key, spec in columns
+        ]
+        for row in rows
+    ]
+    headers = [header for header, _key, _spec in columns]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
