@@ -91,7 +91,7 @@ def _unpack(body: bytes, expected: tuple[str, ...]) -> dict[str, Any]:
     try:
         wire = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for bad data
-        raise WitnessProtocolError(f"not a msgpack frame: {exc}") from None
+        raise WitnessProtocolError(f"not a msgpack frame ({type(exc).__name__})") from None
     if not isinstance(wire, dict):
         raise WitnessProtocolError("a frame must be a map")
     kind = wire.get("type")
