@@ -1,4 +1,4 @@
-"""The ``topiary`` command: serve, pub, sub, stats, sessions, routes.
+"""The ``topiary`` command: serve, pub, sub, stats, sessions, routes, witness.
 
 Client commands find the broker with ``--server HOST:PORT``, else the
 ``TOPIARY_SERVER`` environment variable, else 127.0.0.1:7474; they speak TLS with
@@ -263,6 +263,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     passwd.add_argument("--delete", action="store_true", help="delete the user instead")
 
+    witness = commands.add_parser(
+        "witness", help="run the witness that breaks ties between a hot-spare pair (docs/ha.md)"
+    )
+    witness.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    witness.add_argument(
+        "--port", type=_port, default=7480, help="port to listen on (default 7480)"
+    )
+    witness.add_argument("--data-dir", required=True, help="directory for the term file")
+    keys = witness.add_mutually_exclusive_group(required=True)
+    keys.add_argument("--secret", help="the pair's [ha] secret (visible in ps: prefer --config)")
+    keys.add_argument("--config", help="a TOML file with [ha] secret (and lease)")
+    witness.add_argument(
+        "--lease", type=_positive_seconds, help="seconds a lease lasts (default: [ha] lease, 1.0)"
+    )
+    witness.add_argument("--log-format", choices=["console", "json"], default="console")
+
     for plugin in entry_points(group=COMMANDS_GROUP):
         plugin.load()(commands)
     return parser
@@ -311,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "passwd":
             return _passwd(args)
+        if args.command == "witness":
+            return _witness(args)
         if hasattr(args, "password_file"):  # a client command
             args.login = _login(args)
         if args.command == "pub":
@@ -428,6 +446,51 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(
             f"topiary serve: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    return 0
+
+
+def _witness(args: argparse.Namespace) -> int:
+    from broker.config import DEFAULT_LEASE, ConfigError, check_ha_timing, load_config_file
+    from broker.ha.termfile import TermFileError
+    from broker.ha.witness import run_witness
+    from broker.log import configure_logging
+
+    secret, lease = args.secret, DEFAULT_LEASE
+    try:
+        if args.config is not None:
+            settings = load_config_file(args.config)
+            secret = settings.get("ha_secret")
+            lease = settings.get("ha_lease", lease)
+            if not isinstance(secret, str) or not secret:
+                raise UsageError(f"{args.config}: [ha] secret is required for the witness")
+        lease = args.lease if args.lease is not None else lease
+        check_ha_timing(lease, lease / 2)  # only the lease matters to the witness
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if not secret:
+        raise UsageError("--secret must not be empty")
+    configure_logging(args.log_format)
+    try:
+        trio.run(
+            partial(
+                run_witness,
+                args.host,
+                args.port,
+                args.data_dir,
+                secret.encode(),
+                lease=float(lease),
+                handle_signals=True,
+            )
+        )
+    except TermFileError as exc:
+        print(f"topiary witness: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:
+        print(
+            f"topiary witness: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
             file=sys.stderr,
         )
         return EXIT_FAILURE

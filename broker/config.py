@@ -88,6 +88,15 @@ key, never a traceback and never a silently ignored typo.
     listen_mqtt = "127.0.0.1:8883"        # MQTT over TLS
     listen_websocket = "127.0.0.1:8443"   # MQTT over secure WebSocket (wss)
     listen_http = "127.0.0.1:7481"        # the operators' HTTP port over TLS (https)
+
+    [ha]                           # hot spare (docs/ha.md); checked, not served yet
+    role = "primary"               # or "standby": the role at first start
+    partner = "10.0.0.2:7474"      # the other broker of the pair
+    witness = "10.0.0.3:7480"      # `topiary witness --port 7480`
+    secret = "pair-secret"         # the pair and the witness share it
+    sync = true                    # PUBACK only once the standby has the message on disk
+    lease = 1.0                    # seconds the witness' lease lasts (renewed every lease/3)
+    failure_timeout = 0.6          # seconds of silence before the standby asks for a vote
 """
 
 from __future__ import annotations
@@ -99,6 +108,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.address import DEFAULT_PORT, parse_host_port, parse_listen
+from broker.ha.timing import DEFAULT_FAILURE_TIMEOUT, DEFAULT_LEASE, Timing
 from broker.trust import BROKER, OBSERVER, TrustedPeer, parse_entries
 from broker.wire.buffer import DEFAULT_MAX_FRAME, MAX_LENGTH
 
@@ -175,6 +185,19 @@ class BrokerConfig:
     tls_listen_mqtt: str | None = None
     tls_listen_websocket: str | None = None
     tls_listen_http: str | None = None
+    # Hot spare (broker/ha, docs/ha.md); any of them set means [ha] is configured
+    ha_role: str | None = None
+    ha_partner: str | None = None
+    ha_witness: str | None = None
+    ha_secret: str | None = None
+    ha_sync: bool = True
+    ha_lease: float = DEFAULT_LEASE
+    ha_failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
+
+    @property
+    def ha_configured(self) -> bool:
+        """True when any [ha] key is set (then all of role, partner, witness, secret are)."""
+        return any(getattr(self, name) != default for name, default in _HA_DEFAULTS.items())
 
     def __post_init__(self) -> None:
         _check(self)
@@ -257,7 +280,28 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "listen_websocket": "tls_listen_websocket",
         "listen_http": "tls_listen_http",
     },
+    "ha": {
+        "role": "ha_role",
+        "partner": "ha_partner",
+        "witness": "ha_witness",
+        "secret": "ha_secret",
+        "sync": "ha_sync",
+        "lease": "ha_lease",
+        "failure_timeout": "ha_failure_timeout",
+    },
 }
+
+_HA_DEFAULTS: dict[str, Any] = {
+    "ha_role": None,
+    "ha_partner": None,
+    "ha_witness": None,
+    "ha_secret": None,
+    "ha_sync": True,
+    "ha_lease": DEFAULT_LEASE,
+    "ha_failure_timeout": DEFAULT_FAILURE_TIMEOUT,
+}
+#: The roles a broker of a pair may have at its first start.
+HA_ROLES = ("primary", "standby")
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,),
@@ -318,6 +362,13 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "tls_listen_mqtt": (str, type(None)),
     "tls_listen_websocket": (str, type(None)),
     "tls_listen_http": (str, type(None)),
+    "ha_role": (str, type(None)),
+    "ha_partner": (str, type(None)),
+    "ha_witness": (str, type(None)),
+    "ha_secret": (str, type(None)),
+    "ha_sync": (bool,),
+    "ha_lease": (int, float),
+    "ha_failure_timeout": (int, float),
 }
 
 
@@ -364,6 +415,7 @@ def _check(cfg: BrokerConfig) -> None:
     _check_trusted(cfg)
     _check_flood_limits(cfg)
     _check_tls(cfg)
+    _check_ha(cfg)
     if cfg.http_listen is not None and parse_listen(cfg.http_listen) is None:
         raise ConfigError(f"http listen must be HOST:PORT, got {cfg.http_listen!r}")
     for name, what in (("mqtt_listen", "mqtt listen"), ("mqtt_websocket", "mqtt websocket")):
@@ -485,6 +537,36 @@ def _check_tls(cfg: BrokerConfig) -> None:
         raise ConfigError(f"tls {listening[0]} needs tls cert and key")
     if cfg.tls_require_client_cert and cfg.tls_client_ca is None:
         raise ConfigError("tls require_client_cert needs tls client_ca to verify them with")
+
+
+def _check_ha(cfg: BrokerConfig) -> None:
+    """The [ha] table as a whole: once any key is set, the pair's four keys are needed."""
+    check_ha_timing(cfg.ha_lease, cfg.ha_failure_timeout)
+    if not cfg.ha_configured:
+        return
+    if cfg.ha_role not in HA_ROLES:
+        raise ConfigError(f'ha role must be "primary" or "standby", got {cfg.ha_role!r}')
+    for key in ("partner", "witness"):
+        value = getattr(cfg, f"ha_{key}")
+        if value is None:
+            raise ConfigError(f"ha {key} is required with [ha] (HOST:PORT)")
+        if parse_host_port(value) is None:
+            raise ConfigError(f"ha {key} must be HOST:PORT, got {value!r}")
+    if not cfg.ha_secret:
+        raise ConfigError("ha secret is required with [ha]: the pair and the witness share it")
+    if cfg.data_dir is None:
+        raise ConfigError("[ha] needs server data_dir: the pair replicates durable state")
+
+
+def check_ha_timing(lease: float, failure_timeout: float) -> None:
+    """[ha] lease and failure_timeout, as one-line ConfigErrors (the witness checks its too)."""
+    for name, value in (("lease", lease), ("failure_timeout", failure_timeout)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+            raise ConfigError(f"ha {name} must be in (0, 3600] seconds, got {value!r}")
+    try:
+        Timing(float(lease), float(failure_timeout))
+    except ValueError as exc:
+        raise ConfigError(f"ha {exc}") from None
 
 
 def _valid_broker_id(text: str) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from broker.address import parse_listen
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, ConfigError
 from broker.core import Broker
 from broker.http import HttpServer, broker_routes
 from broker.log import get_logger
@@ -191,7 +191,14 @@ async def run_broker(
     durable sessions in it; the store is closed (its last batch flushed) after the last
     connection has gone. A broker serving MQTT without a data dir keeps its store in a
     temporary directory for the run (MQTT clients expect persistent sessions).
+    A config with [ha] is refused (ConfigError): the replication link is not built yet,
+    and a broker that only pretended to be half of a pair would lose what it confirmed.
     """
+    if config.ha_configured:
+        raise ConfigError(
+            "[ha] is not served yet: this topiary has the witness (`topiary witness`) and the "
+            "election rules but no replication link; remove [ha] to run a single broker"
+        )
     async with AsyncExitStack() as stack:
         store = None
         data_dir = config.data_dir

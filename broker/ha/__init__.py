@@ -1,0 +1,1 @@
+"""Hot spare (issue 20): the witness, terms and the election rules (docs/ha.md)."""
