@@ -209,17 +209,20 @@ async def run_broker(
         broker = broker or Broker(config, store=store)
         if not isinstance(broker.peering, Peering):
             broker.peering = Peering(broker)
+        acl = None
+        if config.acl_file is not None:  # a bad file stops start-up here (ConfigError)
+            acl = AclFile(broker, config.acl_file)
+            acl.load()  # before the restore, which checks each session's filters against it
         if store is not None:
             restored = await broker.load()
             log.info("store opened", data_dir=config.data_dir, durable_sessions=restored)
         server = Server(broker)
-        acl = None
-        if config.acl_file is not None:  # a bad file stops start-up here (ConfigError)
-            acl = AclFile(broker, config.acl_file)
-            acl.load()
-            server.reloadables.append(acl)
         if broker.logins.users is not None:  # SIGHUP re-reads the users file
             server.reloadables.append(broker.logins.users)
+        if acl is not None:
+            # (after the users: away durable sessions get their owners' groups from the
+            # users file a SIGHUP has just read)
+            server.reloadables.append(acl)
         if config.tls_cert is not None:  # bad files stop start-up here (ConfigError)
             server.tls = ServerTls(config, broker.counters)
             server.reloadables.append(server.tls)
