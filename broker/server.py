@@ -254,9 +254,8 @@ async def run_broker(
                 nursery.start_soon(_shutdown_on_signal, server, signals)
                 nursery.start_soon(_reload_on_signal, server, reloads)
             await nursery.start(broker.peering.run)
-            acl_store = trio.CancelScope()  # the ACL file's store removals
-            if acl is not None:
-                await nursery.start(_run_in_scope, acl.run, acl_store)
+            if acl is not None:  # the ACL file's store removals
+                await nursery.start(acl.run)
             operators = trio.CancelScope()
             if config.http_listen is not None or secure["http"]:
                 server.http = HttpServer(
@@ -281,7 +280,8 @@ async def run_broker(
             await server.stopped.wait()
             operators.cancel()  # the HTTP port answers until the last client has gone
             timers.cancel()
-            acl_store.cancel()
+            if acl is not None:
+                acl.close()  # its queued store removals are written, then its task ends
 
 
 def _serves_mqtt(config: BrokerConfig) -> bool:
