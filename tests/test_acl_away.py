@@ -13,10 +13,14 @@ import pytest
 import trio
 
 from broker.client import connect, tls_context
+from broker.security import ANONYMOUS, Identity
+from broker.security.principals import away_identity
+from broker.security.users import Users
 from broker.server import Server
 from broker.store import Store
 from tests.certs import Issued, Pki
 from tests.conftest import running_broker
+from tests.test_store_principal import write_v4
 from tests.test_tls import native_tls, tls_settings
 from tests.test_users import make_users
 
@@ -256,3 +260,44 @@ async def test_the_owners_certificate_is_stored_and_its_latest_connection_replac
 async def pub_once(server: Server, topic: str, payload: bytes) -> None:
     async with connect(server.addresses[0], **PUB) as pub:
         await pub.publish(topic, payload, confirm=True)
+
+
+async def test_a_session_whose_owner_the_store_does_not_know_is_checked_when_its_owner_is_back(
+    files: dict[str, object],
+) -> None:
+    write_v4(Path(str(files["data_dir"])))  # "user": alice's, with a/> (no rule grants it)
+    async with broker(files) as server:
+        assert filters_of(server, "user") == [["a/>", "native"]]  # no rules yet
+        async with connect(server.addresses[0], client_id="user", durable=True, **ALICE) as c:
+            await c.ping()
+            assert [e.code for e in c.errors] == ["NOT_AUTHORIZED"]  # told, as it is back
+        assert filters_of(server, "user") == []
+    async with broker(files) as server:  # its certificate (none) is stored now
+        assert server.broker.durable["user"].principal is not None
+
+
+# -- whose rules, decided without a broker --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("owner", "expected"),
+    [
+        (
+            Identity(user="alice", groups=frozenset({"old"}), cert="CN=a"),
+            ("alice", {"ops"}, "CN=a"),
+        ),
+        (Identity(user="gone", cert="CN=g"), (None, set(), None)),
+        (Identity(cert="CN=dev1"), (None, set(), "CN=dev1")),
+        (Identity(), (None, set(), None)),
+    ],
+)
+def test_an_away_owner_has_the_groups_of_the_users_file_or_nothing_when_it_is_gone(
+    tmp_path: Path, owner: Identity, expected: tuple[str | None, set[str], str | None]
+) -> None:
+    users = Users(make_users(tmp_path / "users.toml", alice=("a", ["ops"])))
+    identity = away_identity(owner, users)
+    assert (identity.user, set(identity.groups), identity.cert) == expected
+
+
+def test_without_a_users_file_no_user_can_own_rules_while_away() -> None:
+    assert away_identity(Identity(user="alice", groups=frozenset({"ops"})), None) == ANONYMOUS
