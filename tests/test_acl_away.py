@@ -5,6 +5,8 @@ and after a reload; native clients with real logins, a real SQLite file, restart
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +22,7 @@ from broker.server import Server
 from broker.store import Store
 from tests.certs import Issued, Pki
 from tests.conftest import running_broker
+from tests.test_crash import free_port, start_broker
 from tests.test_store_principal import write_v4
 from tests.test_tls import native_tls, tls_settings
 from tests.test_users import make_users
@@ -301,3 +304,51 @@ def test_an_away_owner_has_the_groups_of_the_users_file_or_nothing_when_it_is_go
 
 def test_without_a_users_file_no_user_can_own_rules_while_away() -> None:
     assert away_identity(Identity(user="alice", groups=frozenset({"ops"})), None) == ANONYMOUS
+
+
+# -- a real process, killed ------------------------------------------------------------------
+
+
+def test_a_topiary_serve_killed_and_started_again_applies_an_away_sessions_deny_rule(
+    files: dict[str, object], tmp_path: Path
+) -> None:
+    config = tmp_path / "topiary.toml"
+    config.write_text(
+        f'[auth]\nusers = "{files["auth_users"]}"\nfailure_delay = 0.01\n'
+        f'[acl]\nfile = "{files["acl_file"]}"\n'
+    )
+    port = free_port()
+    address = ("127.0.0.1", port)
+
+    async def go_away() -> None:
+        with trio.fail_after(WAIT):
+            async with connect(address, client_id="d", durable=True, **ALICE) as client:
+                await client.subscribe("open/>").__aenter__()
+                await client.ping()
+
+    async def come_back() -> None:
+        with trio.fail_after(WAIT):
+            async with connect(address, **PUB) as pub:
+                await pub.publish("open/hidden/plan", b"denied", confirm=True)
+                await pub.publish("open/news", b"allowed", confirm=True)
+            async with connect(address, client_id="d", durable=True, **ALICE) as alice:
+                async with alice.subscribe("open/>") as sub:
+                    assert (await sub.get()).payload == b"allowed"
+
+    data = tmp_path / "data"
+    proc = start_broker(port, data, "--config", str(config))
+    try:
+        trio.run(go_away)
+    finally:
+        proc.kill()  # kill -9: nothing flushed at exit
+        proc.wait(timeout=WAIT)
+    proc = start_broker(port, data, "--config", str(config))
+    try:
+        trio.run(come_back)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(timeout=WAIT) == 0
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
