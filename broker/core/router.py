@@ -196,7 +196,10 @@ class Broker:
                 continue
             session.acl = self._rules_of(session)
             for _sub_id, flt in self._revoke(session):
-                await store.remove_filter(session.client_id, flt.text, flt.dialect)
+                try:
+                    await store.remove_filter(session.client_id, flt.text, flt.dialect)
+                except StoreError as exc:  # (still stored: the next start removes it again)
+                    log.error("store failed", client=session.client_id, error=str(exc))
         return len(restored)
 
     async def persist(self, work: DurableWork) -> Pending:
@@ -358,6 +361,8 @@ class Broker:
         file no longer names gets what an anonymous client would)."""
         assert session.principal is not None
         identity, client_id = session.principal
+        # (Front ends attach a durable session and ``authorize`` it without a checkpoint in
+        # between, so a session with a connection always has its client's principal here.)
         if session.durable and session.connection is None and not session.shared:
             identity = away_identity(identity, self.logins.users)
         return self.access_for(identity, client_id)
