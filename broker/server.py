@@ -216,17 +216,20 @@ async def run_broker(
         broker = broker or Broker(config, store=store)
         if not isinstance(broker.peering, Peering):
             broker.peering = Peering(broker)
+        acl = None
+        if config.acl_file is not None:  # a bad file stops start-up here (ConfigError)
+            acl = AclFile(broker, config.acl_file)
+            acl.load()  # before the restore, which checks each session's filters against it
         if store is not None:
             restored = await broker.load()
             log.info("store opened", data_dir=config.data_dir, durable_sessions=restored)
         server = Server(broker)
-        acl = None
-        if config.acl_file is not None:  # a bad file stops start-up here (ConfigError)
-            acl = AclFile(broker, config.acl_file)
-            acl.load()
-            server.reloadables.append(acl)
         if broker.logins.users is not None:  # SIGHUP re-reads the users file
             server.reloadables.append(broker.logins.users)
+        if acl is not None:
+            # (after the users: away durable sessions get their owners' groups from the
+            # users file a SIGHUP has just read)
+            server.reloadables.append(acl)
         if config.tls_cert is not None:  # bad files stop start-up here (ConfigError)
             server.tls = ServerTls(config, broker.counters)
             server.reloadables.append(server.tls)
@@ -258,9 +261,8 @@ async def run_broker(
                 nursery.start_soon(_shutdown_on_signal, server, signals)
                 nursery.start_soon(_reload_on_signal, server, reloads)
             await nursery.start(broker.peering.run)
-            acl_store = trio.CancelScope()  # the ACL file's store removals
-            if acl is not None:
-                await nursery.start(_run_in_scope, acl.run, acl_store)
+            if acl is not None:  # the ACL file's store removals
+                await nursery.start(acl.run)
             operators = trio.CancelScope()
             if config.http_listen is not None or secure["http"]:
                 server.http = HttpServer(
@@ -285,7 +287,8 @@ async def run_broker(
             await server.stopped.wait()
             operators.cancel()  # the HTTP port answers until the last client has gone
             timers.cancel()
-            acl_store.cancel()
+            if acl is not None:
+                acl.close()  # its queued store removals are written, then its task ends
 
 
 def _serves_mqtt(config: BrokerConfig) -> bool:

@@ -167,7 +167,7 @@ async def test_a_version_3_file_is_migrated_with_sessions_that_have_no_owner(
     conn = sqlite3.connect(tmp_path / DB_FILENAME)
     (version,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     conn.close()
-    assert version == SCHEMA_VERSION == 4
+    assert version == SCHEMA_VERSION == 5
 
 
 async def test_a_session_stored_before_owners_goes_to_the_first_identity_to_open_it(

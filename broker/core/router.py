@@ -50,6 +50,7 @@ from broker.log import get_logger
 from broker.security.floods import FloodGuard
 from broker.security.identity import Identity
 from broker.security.logins import Logins
+from broker.security.principals import away_identity
 from broker.store import Pending, Store, StoreError
 from routing.acl import Access, Policy
 
@@ -151,10 +152,13 @@ class Broker:
     def open_session(self, client_id: str | None) -> Session:
         return self.registry.open_transient(client_id)
 
-    async def open_durable(self, client_id: str, owner: str | None = None) -> tuple[Session, bool]:
+    async def open_durable(
+        self, client_id: str, owner: str | None = None, cert: str | None = None
+    ) -> tuple[Session, bool]:
         """The durable session (``SessionRegistry.open_durable``: ``NotOwner`` when it
-        belongs to an identity other than ``owner``) and whether it existed."""
-        return await self.registry.open_durable(client_id, owner)
+        belongs to an identity other than ``owner``, whose connection presented the
+        certificate subject ``cert``) and whether it existed."""
+        return await self.registry.open_durable(client_id, owner, cert)
 
     def may_own(self, client_id: str, owner: str) -> bool:
         """Whether ``owner`` may open or drop the durable session ``client_id`` (True when
@@ -171,7 +175,9 @@ class Broker:
     async def load(self) -> int:
         """Restore the durable sessions in the store (their filters route again at once)
         and the retained messages (with their QoS, MQTT properties and expiry); returns how
-        many sessions."""
+        many sessions. A session whose owner the store knows has its owner's topic ACL
+        rules from here on (``principal``): with a policy in force, its filters those rules
+        do not grant are removed (from the store too), else ``set_policy`` does that."""
         if self.store is not None:
             retained = self.retained
             for kept in await self.store.retained():
@@ -184,6 +190,16 @@ class Broker:
         for session, filters in restored:
             for text, dialect in filters:
                 self.subscribe(session, routing.parse_filter(text, dialect))
+        store = self.registry.store
+        for session, _filters in restored:
+            if session.principal is None or store is None:
+                continue
+            session.acl = self._rules_of(session)
+            for _sub_id, flt in self._revoke(session):
+                try:
+                    await store.remove_filter(session.client_id, flt.text, flt.dialect)
+                except StoreError as exc:  # (still stored: the next start removes it again)
+                    log.error("store failed", client=session.client_id, error=str(exc))
         return len(restored)
 
     async def persist(self, work: DurableWork) -> Pending:
@@ -314,11 +330,13 @@ class Broker:
         return self._revoke(session)
 
     def set_policy(self, policy: Policy | None) -> list[tuple[Session, list[tuple[int, Any]]]]:
-        """Switch to ``policy`` (a SIGHUP reload): every session a front end authorized gets
-        its new rules at once, connections stay; each loses the subscriptions the new rules
-        do not grant, and its ``on_revoked`` is told (of none, too). Returns (session,
-        removed) for each session that lost some. Durable sessions restored from the store
-        and not yet resumed have no principal: their owner's next connection checks them."""
+        """Switch to ``policy`` (start-up, a SIGHUP reload): every session with a principal
+        gets its new rules at once, connections stay; each loses the subscriptions the new
+        rules do not grant, and its ``on_revoked`` is told (of none, too). Returns (session,
+        removed) for each session that lost some. A durable session that is away (restored
+        from the store, or left by its connection) gets its owner's rules as the users file
+        says now (``_rules_of``); one whose owner the store does not know (stored by an
+        older version) has no principal: its owner's next connection checks it."""
         self.policy = policy
         self._plans.clear()
         changed = []
@@ -328,14 +346,26 @@ class Broker:
             if principal is None or id(session) in seen:
                 continue
             seen.add(id(session))
-            identity, client_id = principal
-            session.acl = self.access_for(identity, client_id)
+            session.acl = self._rules_of(session)
             removed = self._revoke(session)
             if removed:
                 changed.append((session, removed))
             if session.on_revoked is not None:  # (told even of none: MQTT checks its shares)
                 session.on_revoked(removed)
         return changed
+
+    def _rules_of(self, session: Session) -> Access | None:
+        """The compiled rules of a session with a principal: its client's, or, for a
+        durable session that no connection holds, its owner's as the users file in force
+        names it (``broker.security.principals.away_identity``: current groups; a user the
+        file no longer names gets what an anonymous client would)."""
+        assert session.principal is not None
+        identity, client_id = session.principal
+        # (Front ends attach a durable session and ``authorize`` it without a checkpoint in
+        # between, so a session with a connection always has its client's principal here.)
+        if session.durable and session.connection is None and not session.shared:
+            identity = away_identity(identity, self.logins.users)
+        return self.access_for(identity, client_id)
 
     def _revoke(self, session: Session) -> list[tuple[int, routing.Filter]]:
         """Unsubscribe what ``session``'s rules do not grant; (sub id, filter) of each."""

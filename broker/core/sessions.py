@@ -23,6 +23,7 @@ from broker.core.extra import apply_extra
 from broker.core.groups import Group, group_session_id
 from broker.core.message import Message
 from broker.core.session import OutboundLimits, Session
+from broker.security.identity import Identity
 from broker.store import SessionRecord, Store, StoreError
 
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -112,24 +113,32 @@ class SessionRegistry:
 
     # -- durable and groups --------------------------------------------------------------
 
-    async def open_durable(self, client_id: str, owner: str | None = None) -> tuple[Session, bool]:
+    async def open_durable(
+        self, client_id: str, owner: str | None = None, cert: str | None = None
+    ) -> tuple[Session, bool]:
         """The durable session ``client_id`` and whether it existed (session_present).
 
         A new session belongs to ``owner``; an existing one opens only for its owner
-        (``NotOwner`` otherwise), and one without an owner becomes ``owner``'s."""
+        (``NotOwner`` otherwise), and one without an owner becomes ``owner``'s. ``cert`` is
+        the certificate subject the owner's connection presented (None: none): stored with
+        the session when it changed, for the rules it has while away (``restore``)."""
         async with self._creating:  # two first connections at once: one session
             session = self.durable.get(client_id)
             if session is not None:
                 if not may_own(session, owner):
                     raise NotOwner(client_id)
-                if owner is not None and session.owner is None and not session.shared:
-                    assert self.store is not None
+                if owner is None or session.shared:
+                    return session, True
+                assert self.store is not None
+                if session.owner is None:
                     session.owner = await self.store.claim_session(client_id, owner)
                     if session.owner != owner:
                         raise NotOwner(client_id)
+                if session.principal is None or session.principal[0].cert != cert:
+                    await self.store.set_principal(client_id, cert)
                 return session, True
             assert self.store is not None
-            record = await self.store.create_session(client_id, None, owner)
+            record = await self.store.create_session(client_id, None, owner, cert)
             session = self._new_durable(client_id, record.next_seq - 1, record.last_ack)
             session.owner = record.owner
             if not may_own(session, owner):  # (created meanwhile by another broker process)
@@ -151,7 +160,9 @@ class SessionRegistry:
         """The durable sessions and groups in the store, each with its (filter, dialect)s for
         the router to subscribe again; what a group's members had not acknowledged goes back
         in its queue (with the QoS, properties and expiry stored with it). The options
-        stored with the filters are left in ``filter_options``."""
+        stored with the filters are left in ``filter_options``. A session whose owner the
+        store knows gets it as its ``principal`` (user and certificate; no groups: the
+        router takes those from the users file), for the router to authorize."""
         assert self.store is not None
         restored = []
         now = trio.current_time()  # what is pending counts as pending since the restore
@@ -163,6 +174,10 @@ class SessionRegistry:
             else:
                 session = self._new_durable(record.client_id, record.next_seq - 1, record.last_ack)
                 session.owner = record.owner
+                principal = record.principal
+                if principal is not None:  # whose rules it has until its owner is back
+                    owner = Identity(user=principal.user, cert=principal.cert)
+                    session.principal = (owner, record.client_id)
                 if record.pending:
                     session.track(record.next_seq - 1, record.pending_bytes, now, record.pending)
             restored.append((session, record.filters))

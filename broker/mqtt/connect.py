@@ -182,7 +182,7 @@ async def _open(conn: Conn, connect: Connect) -> Accepted:
     frontend.live[client_id] = conn
     try:
         session, present = await _session(
-            conn, client_id, connect.clean_start, expiry, identity.owner
+            conn, client_id, connect.clean_start, expiry, identity.owner, identity.cert
         )
     except NotOwner as exc:  # (its owner opened it meanwhile)
         frontend.live.pop(client_id, None)
@@ -192,6 +192,10 @@ async def _open(conn: Conn, connect: Connect) -> Accepted:
         broker.counters.store_errors += 1
         raise _Refused(R.UNSPECIFIED_ERROR, f"storage failed: {exc}") from exc
     state = frontend.clients.get(client_id) if present else None
+    if state is not None:  # the topic ACLs may have removed filters while it was away
+        refs = session.refs
+        for text in [t for t in state.subscriptions.by_filter if (t, routing.MQTT) not in refs]:
+            state.subscriptions.remove(text)
     if state is None:
         state = frontend.clients[client_id] = ClientState()
         if present:  # restored from the store, with the options it kept
@@ -257,10 +261,11 @@ async def _login(conn: Conn, connect: Connect) -> Identity:
 
 
 async def _session(
-    conn: Conn, client_id: str, clean: bool, expiry: float, owner: str
+    conn: Conn, client_id: str, clean: bool, expiry: float, owner: str, cert: str | None
 ) -> tuple[Session, bool]:
     """The client's session and whether it was there (CONNACK Session Present); a durable
-    one belongs to ``owner`` (``NotOwner`` when it is another identity's)."""
+    one belongs to ``owner`` (``NotOwner`` when it is another identity's), whose
+    certificate subject ``cert`` is stored with it."""
     broker = conn.broker
     stored = broker.durable.get(client_id)
     if clean and stored is not None:
@@ -268,7 +273,7 @@ async def _session(
         conn.mqtt.clients.pop(client_id, None)
         stored = None
     if expiry > 0 or (stored is not None and not clean):
-        session, present = await broker.open_durable(client_id, owner)
+        session, present = await broker.open_durable(client_id, owner, cert)
         session.attach(conn)
         return session, present and not clean
     conn.mqtt.clients.pop(client_id, None)

@@ -117,7 +117,9 @@ async def handshake(
             group, present = await broker.open_group(frame.group)
         elif frame.durable:
             assert frame.client_id is not None
-            durable, present = await broker.open_durable(frame.client_id, identity.owner)
+            durable, present = await broker.open_durable(
+                frame.client_id, identity.owner, identity.cert
+            )
     except NotOwner as exc:
         await _refuse(
             broker, stream, proto, RemoteProtocolError(ErrorCode.NOT_AUTHORIZED, str(exc))

@@ -14,6 +14,7 @@ number and the problem. docs/security.md ("Topic ACLs") states the semantics.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any
@@ -95,14 +96,21 @@ class AclFile:
     reload = load
 
     def forget(self, session: Session, removed: list[tuple[int, Filter]]) -> None:
-        """Queue the store removal of a durable session's revoked filters."""
+        """Queue the store removal of a durable session's revoked filters. (Once the broker
+        is shutting down they stay stored: the next start's restore removes them again.)"""
         if session.durable and self.broker.store is not None:
             for _sub_id, flt in removed:
                 if (flt.text, flt.dialect) not in session.refs:  # (not subscribed again)
-                    self._send.send_nowait((session.client_id, flt))
+                    with contextlib.suppress(trio.ClosedResourceError):
+                        self._send.send_nowait((session.client_id, flt))
+
+    def close(self) -> None:
+        """Shutting down: ``run`` writes what is queued, then returns."""
+        self._send.close()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Remove revoked filters of durable sessions from the store, in order."""
+        """Remove revoked filters of durable sessions from the store, in order, until
+        ``close``."""
         task_status.started()
         store = self.broker.store
         async for client_id, flt in self._receive:

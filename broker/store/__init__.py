@@ -12,6 +12,7 @@ from broker.store.records import (
     RetainedMessage,
     SessionRecord,
     StoredMessage,
+    StoredPrincipal,
     StoreError,
     StoreStatistics,
 )
@@ -28,4 +29,5 @@ __all__ = [
     "StoreError",
     "StoreStatistics",
     "StoredMessage",
+    "StoredPrincipal",
 ]

@@ -10,7 +10,9 @@ __all__ = [
     "StoreError",
     "StoreStatistics",
     "StoredMessage",
+    "StoredPrincipal",
     "open_failure",
+    "stored_principal",
 ]
 
 
@@ -51,6 +53,34 @@ class RetainedMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredPrincipal:
+    """Who owns a durable session, as far as its topic ACL rules go while the owner is away:
+    the user name (None: a certificate or anonymous owner) and the certificate subject the
+    owner's latest connection presented (None: none). The groups are not stored: they come
+    from the users file in force (``broker.security.principals``)."""
+
+    user: str | None
+    cert: str | None
+
+
+def stored_principal(owner: str | None, cert: str | None) -> StoredPrincipal | None:
+    """The principal of a session from its ``owner`` and ``cert`` columns (schema.py), or
+    None when they do not say: no owner (a shared group, a session stored before owners),
+    or a user's session stored before version 5 (whether it had a certificate is not
+    known). A certificate owner and ``anonymous`` say it all by themselves."""
+    if owner is None:
+        return None
+    if owner == "anonymous":
+        return StoredPrincipal(None, None)
+    kind, _, name = owner.partition(":")
+    if kind == "cert":
+        return StoredPrincipal(None, name)
+    if kind != "user" or cert is None:
+        return None
+    return StoredPrincipal(name, cert or None)
+
+
+@dataclass(frozen=True, slots=True)
 class SessionRecord:
     """A durable session as stored.
 
@@ -58,7 +88,8 @@ class SessionRecord:
     message shared with other sessions counts for each of them). ``filter_options`` maps a
     (filter, dialect) of ``filters`` to the options stored with it (``Store.add_filter``);
     only filters that have some are in it. ``owner`` is the identity that owns the session
-    (``Identity.owner``), None for a shared group or a session stored before owners existed.
+    (``Identity.owner``), None for a shared group or a session stored before owners existed;
+    ``principal`` is whose topic ACL rules it has while away (``stored_principal``).
     """
 
     client_id: str
@@ -70,6 +101,7 @@ class SessionRecord:
     pending_bytes: int
     filter_options: dict[tuple[str, str], bytes] = field(default_factory=dict, hash=False)
     owner: str | None = None
+    principal: StoredPrincipal | None = None
 
 
 @dataclass(frozen=True, slots=True)

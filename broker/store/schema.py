@@ -12,7 +12,10 @@ What is stored (``<data_dir>/topiary.db``, schema version ``SCHEMA_VERSION``):
   identity that created it (``Identity.owner``: ``user:NAME``, ``cert:SUBJECT`` or
   ``anonymous``), the only one that may open or drop it; NULL for a shared group (shared by
   design) and for a session stored before owners existed (the first identity to open it
-  takes it).
+  takes it); ``cert``: the certificate subject the owner's latest connection presented,
+  ``''`` for none, NULL when not known (a shared group; a session stored before version 5).
+  With ``owner`` it says whose topic ACL rules the session has while its owner is away
+  (``SessionRecord.principal``).
 - ``filters``: the session's (filter, dialect) pairs, each with ``options``: opaque bytes a
   front end keeps with it (MQTT's subscription options), NULL for a native filter.
 - ``deliveries``: the pending queue, one row (client_id, seq, message) per delivery not yet
@@ -27,10 +30,10 @@ opaque blob; NULL (the common, native case) when there is nothing to keep.
 
 Versions: 1 had no ``retained`` table and no ``messages.retained``; 2 adds them; 3 adds
 ``messages.extra``, ``retained.extra`` and ``filters.options`` (NULL in migrated rows); 4 adds
-``sessions.owner`` (NULL in migrated rows). A file of
-an older version is migrated when it is opened (``MIGRATIONS``, in one transaction); a newer
-one, or a file that is not a topiary database at all, is refused with a ``StoreError`` that
-says so.
+``sessions.owner`` (NULL in migrated rows); 5 adds ``sessions.cert`` (NULL in migrated
+rows). A file of an older version is migrated when it is opened (``MIGRATIONS``, in one
+transaction); a newer one, or a file that is not a topiary database at all, is refused with
+a ``StoreError`` that says so.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ __all__ = [
     "check_or_create_schema",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DB_FILENAME = "topiary.db"
 
 _RETAINED = """CREATE TABLE retained (
@@ -80,7 +83,8 @@ SCHEMA = (
         last_ack INTEGER NOT NULL,
         next_seq INTEGER NOT NULL,
         created_at REAL NOT NULL,
-        owner TEXT NULL
+        owner TEXT NULL,
+        cert TEXT NULL
     )""",
     """CREATE TABLE filters (
         client_id TEXT NOT NULL REFERENCES sessions (client_id) ON DELETE CASCADE,
@@ -117,6 +121,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE filters ADD COLUMN options BLOB NULL",
     ),
     3: ("ALTER TABLE sessions ADD COLUMN owner TEXT NULL",),
+    4: ("ALTER TABLE sessions ADD COLUMN cert TEXT NULL",),
 }
 
 

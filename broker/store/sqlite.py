@@ -42,6 +42,7 @@ from broker.store.records import (
     StoredMessage,
     StoreError,
     open_failure,
+    stored_principal,
 )
 from broker.store.schema import check_or_create_schema
 
@@ -344,13 +345,14 @@ class SqliteBackend:
     # -- sessions and filters ------------------------------------------------------------------
 
     def create_session(
-        self, client_id: str, group: str | None, owner: str | None = None
+        self, client_id: str, group: str | None, owner: str | None = None, cert: str | None = None
     ) -> SessionRecord:
-        """The session ``client_id``, created (owned by ``owner``) unless it exists."""
+        """The session ``client_id``, created (owned by ``owner``, whose connection presented
+        the certificate ``cert``) unless it exists."""
         cur = self.conn.execute(
-            "INSERT INTO sessions (client_id, grp, last_ack, next_seq, created_at, owner) "
-            "VALUES (?, ?, 0, 1, ?, ?) ON CONFLICT (client_id) DO NOTHING",
-            (client_id, group, self.clock(), owner),
+            "INSERT INTO sessions (client_id, grp, last_ack, next_seq, created_at, owner, cert) "
+            "VALUES (?, ?, 0, 1, ?, ?, ?) ON CONFLICT (client_id) DO NOTHING",
+            (client_id, group, self.clock(), owner, None if owner is None else cert or ""),
         )
         self.sessions_count += cur.rowcount
         record = self.session(client_id)
@@ -366,6 +368,13 @@ class SqliteBackend:
             (owner, client_id),
         )
         return self._scalar("SELECT owner FROM sessions WHERE client_id = ?", (client_id,))
+
+    def set_principal(self, client_id: str, cert: str | None) -> None:
+        """The owner's latest connection presented the certificate ``cert`` (None: none)."""
+        self._session_row(client_id, "set_principal")
+        self.conn.execute(
+            "UPDATE sessions SET cert = ? WHERE client_id = ?", (cert or "", client_id)
+        )
 
     def drop_session(self, client_id: str) -> bool:
         if self._scalar("SELECT 1 FROM sessions WHERE client_id = ?", (client_id,)) is None:
@@ -633,12 +642,13 @@ class SqliteBackend:
 
     def session(self, client_id: str) -> SessionRecord | None:
         row = self.conn.execute(
-            "SELECT client_id, grp, last_ack, next_seq, owner FROM sessions WHERE client_id = ?",
+            "SELECT client_id, grp, last_ack, next_seq, owner, cert FROM sessions "
+            "WHERE client_id = ?",
             (client_id,),
         ).fetchone()
         if row is None:
             return None
-        *row, owner = row
+        *row, owner, cert = row
         pending, pending_bytes = self.conn.execute(
             "SELECT count(*), coalesce(sum(length(m.payload)), 0) FROM deliveries AS d "
             "LEFT JOIN messages AS m ON m.rowid = d.message WHERE d.client_id = ?",
@@ -654,7 +664,15 @@ class SqliteBackend:
             filters.append((flt, dialect))
             if opts is not None:
                 options[flt, dialect] = opts
-        return SessionRecord(*row, tuple(filters), pending, pending_bytes, options, owner)
+        return SessionRecord(
+            *row,
+            tuple(filters),
+            pending,
+            pending_bytes,
+            options,
+            owner,
+            stored_principal(owner, cert),
+        )
 
     def sessions(self) -> list[SessionRecord]:
         filters: dict[str, list[tuple[str, str]]] = {}
@@ -668,7 +686,7 @@ class SqliteBackend:
                 options.setdefault(client_id, {})[flt, dialect] = opts
         rows = self.conn.execute(
             "SELECT s.client_id, s.grp, s.last_ack, s.next_seq, count(d.seq), "
-            "coalesce(sum(length(m.payload)), 0), s.owner FROM sessions AS s "
+            "coalesce(sum(length(m.payload)), 0), s.owner, s.cert FROM sessions AS s "
             "LEFT JOIN deliveries AS d ON d.client_id = s.client_id "
             "LEFT JOIN messages AS m ON m.rowid = d.message "
             "GROUP BY s.client_id ORDER BY s.client_id"
@@ -684,8 +702,9 @@ class SqliteBackend:
                 size,
                 options.get(client_id, {}),
                 owner,
+                stored_principal(owner, cert),
             )
-            for client_id, group, last_ack, next_seq, n, size, owner in rows
+            for client_id, group, last_ack, next_seq, n, size, owner, cert in rows
         ]
 
     def pending(self, client_id: str, after_seq: int, limit: int) -> list[StoredMessage]:

@@ -239,12 +239,26 @@ class Store:
     # -- the API -------------------------------------------------------------------------------
 
     async def create_session(
-        self, client_id: str, group: str | None, owner: str | None = None
+        self, client_id: str, group: str | None, owner: str | None = None, cert: str | None = None
     ) -> SessionRecord:
-        """Create the session (owned by ``owner``), or return the existing one unchanged (its
-        group and owner included)."""
+        """Create the session (owned by ``owner``, whose connection presented the certificate
+        subject ``cert``), or return the existing one unchanged (its group, owner and
+        principal included)."""
         return await self._queue.submit(
-            partial(SqliteBackend.create_session, client_id=client_id, group=group, owner=owner)
+            partial(
+                SqliteBackend.create_session,
+                client_id=client_id,
+                group=group,
+                owner=owner,
+                cert=cert,
+            )
+        )
+
+    async def set_principal(self, client_id: str, cert: str | None) -> None:
+        """The session's owner connected presenting the certificate subject ``cert`` (None:
+        none): whose rules the session has while away (``SessionRecord.principal``)."""
+        await self._queue.submit(
+            partial(SqliteBackend.set_principal, client_id=client_id, cert=cert)
         )
 
     async def claim_session(self, client_id: str, owner: str) -> str | None:
