@@ -712,6 +712,7 @@ class Client:
                     and self._failure is None
                     and not self._closing
                     and self._connected.is_set()
+                    and self._proto.state is _OPEN  # not after the broker's closing ERROR
                 ):
                     with (
                         trio.CancelScope(shield=True),
