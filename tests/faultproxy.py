@@ -7,7 +7,8 @@ must keep forwarding while a test thread sits in ``poll()``.
 connects are refused) and every forwarded connection is closed both ways. ``restore()``
 listens again on the same port, so clients that remember the advertised address come back.
 ``hold_replies()`` stops forwarding what the target sends (requests still reach it): the
-replies to what it has done are in flight when a ``cut()`` drops them.
+replies to what it has done are in flight when a ``cut()`` drops them; ``holding`` is set
+once some are held.
 
 Kafka clients connect to the broker's *advertised* address after bootstrapping, so start
 the broker advertising ``proxy.port`` and bootstrap every client through the proxy too.
@@ -40,6 +41,7 @@ class FaultProxy:
         self._threads: list[threading.Thread] = []
         self._replies = threading.Event()  # clear: target-to-client data is held
         self._replies.set()
+        self.holding = threading.Event()  # set once target-to-client data is being held
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -143,7 +145,8 @@ class FaultProxy:
         waits while ``gate`` is clear."""
         try:
             while data := src.recv(CHUNK):
-                if gate is not None:
+                if gate is not None and not gate.is_set():
+                    self.holding.set()
                     gate.wait()
                 dst.sendall(data)
         except OSError:
