@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
+from broker.address import format_address
 from broker.client import BrokerError, Message, Subscription, connect, parse_servers
 from broker.config import BrokerConfig
 from broker.errors import ProtocolError
@@ -92,6 +95,19 @@ def test_a_bad_server_list_is_one_line_naming_the_entry(servers, problem: str) -
     with pytest.raises(ValueError) as info:
         parse_servers(servers)
     assert problem in str(info.value) and "\n" not in str(info.value)
+
+
+_hosts = st.one_of(
+    st.from_regex(r"[a-z][a-z0-9.-]{0,20}", fullmatch=True),
+    st.ip_addresses().map(str),
+)
+
+
+@given(st.lists(st.tuples(_hosts, st.integers(1, 65535)), min_size=1, max_size=5, unique=True))
+def test_a_server_list_written_out_parses_back_to_itself(servers) -> None:
+    text = ",".join(format_address(address) for address in servers)
+    assert parse_servers(text) == servers
+    assert parse_servers([format_address(address) for address in servers]) == servers
 
 
 async def test_connect_refuses_a_bad_server_list_before_dialling() -> None:
