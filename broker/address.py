@@ -8,11 +8,15 @@ The rule: surrounding whitespace is ignored; an IPv6 host goes in brackets
 (``[::1]:7474``), and a bare IPv6 address (more than one colon, no brackets) is a host
 without a port; the port is ASCII digits, in 1..65535. Where a port may be left out
 (``--server``, ``connect``) it defaults to :data:`DEFAULT_PORT`; a peer or a bridge's
-broker must name it. No imports, so that the CLI can check an argument without loading
-the client.
+broker must name it. A client's server list (``--server A,B``, ``connect(["A", "B"])``)
+is such addresses separated by commas, each named once. No imports (but
+``collections.abc``, which Python loads at start-up), so that the CLI can check an
+argument without loading the client.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 DEFAULT_PORT = 7474
 
@@ -65,6 +69,44 @@ def parse_server(server: str | tuple[str, int]) -> tuple[str, int]:
         host, port = server
         return _checked(host, port, server)
     return split_address(server)
+
+
+def parse_servers(
+    servers: str | tuple[str, int] | Sequence[str | tuple[str, int]],
+) -> list[tuple[str, int]]:
+    """A server list as :func:`broker.client.connect` and ``--server`` take it: one server
+    (as :func:`parse_server`), a comma-separated ``"A,B"``, or a sequence of servers; in
+    the order given. Raises ValueError naming the entry that is wrong (an empty one, a bad
+    address, one listed twice)."""
+    if isinstance(servers, tuple) and len(servers) == 2 and isinstance(servers[1], int):
+        return [parse_server(servers)]  # type: ignore[arg-type]
+    entries: list[str | tuple[str, int]]
+    if isinstance(servers, str):
+        entries = servers.split(",") if servers.strip() else []
+    else:
+        entries = list(servers)
+    if not entries:
+        raise ValueError("the server list is empty")
+    parsed: list[tuple[str, int]] = []
+    for number, entry in enumerate(entries, 1):
+        if isinstance(entry, str) and not entry.strip():
+            raise ValueError(f"server {number} of {servers!r} is empty")
+        try:
+            address = parse_server(entry)
+        except ValueError as exc:
+            if len(entries) == 1:
+                raise
+            raise ValueError(f"server {number} of {servers!r}: {exc}") from None
+        if address in parsed:
+            raise ValueError(f"server {format_address(address)} is listed twice in {servers!r}")
+        parsed.append(address)
+    return parsed
+
+
+def format_address(address: tuple[str, int]) -> str:
+    """``(host, port)`` as ``HOST:PORT`` (an IPv6 host in brackets), the way it is parsed."""
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_host_port(text: str) -> tuple[str, int] | None:

@@ -1,7 +1,10 @@
 """The ``topiary`` command: serve, pub, sub, stats, sessions, routes, witness.
 
 Client commands find the broker with ``--server HOST:PORT``, else the
-``TOPIARY_SERVER`` environment variable, else 127.0.0.1:7474; they speak TLS with
+``TOPIARY_SERVER`` environment variable, else 127.0.0.1:7474. Either may be a list,
+``A,B``: the command uses the first server that accepts, and moves to the next when the
+one it is on goes (for up to ``FAILOVER_SECONDS``); ``pub --confirm`` sends again what was
+not confirmed, ``sub --durable`` resumes its session there. They speak TLS with
 ``--tls`` or ``--ca FILE`` (``--cert``/``--key`` for a client certificate; or the
 variables ``TOPIARY_CA``, ``TOPIARY_CERT``, ``TOPIARY_KEY``). They log in with
 ``--username`` (else ``TOPIARY_USERNAME``) and the first line of ``--password-file`` (else
@@ -26,10 +29,13 @@ from typing import Any, NoReturn
 import trio
 
 import routing
-from broker.address import DEFAULT_PORT, parse_server, split_address
+from broker.address import DEFAULT_PORT, parse_servers, split_address
 from broker.commands import COMMANDS_GROUP, UsageError, listen_address, tune_gc
 
 DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
+#: With several servers, how long a command keeps trying them after losing its connection
+#: (a hot spare takes over in about a second) before it fails with the last error.
+FAILOVER_SECONDS = 30.0
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -70,12 +76,46 @@ def _port(text: str) -> int:
     return value
 
 
-def _server(text: str) -> str:
+def _servers(text: str) -> str:
+    """``--server``: ``HOST:PORT`` or a comma-separated list of them (checked, kept as
+    given: ``connect`` takes it so)."""
     try:
-        parse_server(text)
+        parse_servers(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _add_server_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        type=_servers,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help=f"the broker, or a list to fail over along (default: $TOPIARY_SERVER, else "
+        f"{DEFAULT_SERVER})",
+    )
+
+
+def _resolve_servers(args: argparse.Namespace) -> None:
+    """``args.server`` from ``--server``, else ``TOPIARY_SERVER``, else the default; a bad
+    ``TOPIARY_SERVER`` is a usage error naming the variable."""
+    if args.server is not None:
+        return
+    text = os.environ.get("TOPIARY_SERVER") or DEFAULT_SERVER
+    try:
+        parse_servers(text)
+    except ValueError as exc:
+        raise UsageError(f"TOPIARY_SERVER: {exc}") from None
+    args.server = text
+
+
+def _connect_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What every client command passes to ``connect``: the servers, TLS, the login, and
+    with several servers, reconnecting along them."""
+    options: dict[str, Any] = {"tls": _tls(args), **args.login}
+    if len(parse_servers(args.server)) > 1:
+        options.update(reconnect=True, reconnect_timeout=FAILOVER_SECONDS)
+    return options
 
 
 def _host_port(text: str) -> str:
@@ -128,7 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version="topiary 0.1.0")
     parser.set_defaults(run=None)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    default_server = os.environ.get("TOPIARY_SERVER") or DEFAULT_SERVER
 
     serve = commands.add_parser("serve", help="run a broker")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
@@ -180,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     pub = commands.add_parser("pub", help="publish messages")
-    pub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_server_argument(pub)
     _add_tls_arguments(pub)
     pub.add_argument("--confirm", action="store_true", help="wait for the broker's PUBACK")
     pub.add_argument(
@@ -192,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("message", nargs="?", help="the payload; without it, one per stdin line")
 
     sub = commands.add_parser("sub", help="print messages as JSON lines")
-    sub.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_server_argument(sub)
     _add_tls_arguments(sub)
     sub.add_argument("--dialect", choices=["native", "mqtt"], default="native")
     sub.add_argument("--count", type=_positive_int, help="exit 0 after N messages")
@@ -228,21 +267,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("filters", nargs="+", metavar="FILTER")
 
     stats = commands.add_parser("stats", help="print the broker's counters as JSON")
-    stats.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_server_argument(stats)
     _add_tls_arguments(stats)
 
     routes = commands.add_parser("routes", help="print the broker's route table as JSON")
-    routes.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_server_argument(routes)
     _add_tls_arguments(routes)
 
     sessions = commands.add_parser("sessions", help="print the durable sessions as JSON")
-    sessions.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_server_argument(sessions)
     _add_tls_arguments(sessions)
 
     session = commands.add_parser("session", help="manage one durable session")
     actions = session.add_subparsers(dest="action", required=True, parser_class=_Parser)
     drop = actions.add_parser("drop", help="delete a durable session and its stored messages")
-    drop.add_argument("--server", type=_server, default=default_server, help="HOST:PORT")
+    _add_server_argument(drop)
     _add_tls_arguments(drop)
     drop.add_argument("client_id", metavar="ID")
 
@@ -331,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _witness(args)
         if hasattr(args, "password_file"):  # a client command
             args.login = _login(args)
+            _resolve_servers(args)
         if args.command == "pub":
             _check_topic(args.topic)
             return trio.run(_pub, args)
@@ -525,7 +565,7 @@ async def _pub(args: argparse.Namespace) -> int:
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server, tls=_tls(args), **args.login) as client:
+    async with connect(args.server, **_connect_options(args)) as client:
         if args.message is not None:
             await client.publish(
                 args.topic, os.fsencode(args.message), confirm=args.confirm, retain=args.retain
@@ -566,8 +606,7 @@ async def _sub(args: argparse.Namespace) -> int:
                 client_id=args.client_id,
                 durable=args.durable,
                 group=args.group,
-                tls=_tls(args),
-                **args.login,
+                **_connect_options(args),
             ) as client,
             AsyncExitStack() as stack,
         ):
@@ -583,19 +622,20 @@ async def _sub(args: argparse.Namespace) -> int:
                 for sub in subs:
                     nursery.start_soon(_forward, sub, merged_send.clone())
                 merged_send.close()
-                seen: set[int] = set()
+                seen: set[tuple[str | None, int]] = set()
                 async for message in merged_receive:
-                    if message.seq in seen:  # one MSG, several of our subscriptions
+                    key = (message.server, message.seq)  # seqs count per broker
+                    if key in seen:  # one MSG, several of our subscriptions
                         continue
-                    seen.add(message.seq)
+                    seen.add(key)
                     if len(seen) > 100_000:
                         seen.clear()
                     print(_render(message), file=out, flush=True)
                     received += 1
                     if args.ack == "auto" and args.group is not None:
-                        await client.ack(message.seq, single=True)
+                        await client.ack(message.seq, single=True, server=message.server)
                     elif args.ack == "auto" and args.durable:
-                        await client.ack(message.seq)
+                        await client.ack(message.seq, server=message.server)
                     if args.count is not None and received >= args.count:
                         nursery.cancel_scope.cancel()
                         break
@@ -620,7 +660,7 @@ async def _print_query(args: argparse.Namespace, query: str, *, sort_keys: bool 
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server, tls=_tls(args), **args.login) as client:
+    async with connect(args.server, **_connect_options(args)) as client:
         answer = await getattr(client, query)()
     print(json.dumps(answer, indent=2, sort_keys=sort_keys))
     return 0
@@ -630,7 +670,7 @@ async def _session_drop(args: argparse.Namespace) -> int:
     from broker.client import connect
 
     _quiet_logs()
-    async with connect(args.server, tls=_tls(args), **args.login) as client:
+    async with connect(args.server, **_connect_options(args)) as client:
         dropped = await client.drop_session(args.client_id)
     if not dropped:
         print(f"topiary session drop: no durable session {args.client_id!r}", file=sys.stderr)

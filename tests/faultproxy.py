@@ -6,6 +6,9 @@ must keep forwarding while a test thread sits in ``poll()``.
 ``cut()`` looks to clients like a dead broker host: the listening socket closes (new
 connects are refused) and every forwarded connection is closed both ways. ``restore()``
 listens again on the same port, so clients that remember the advertised address come back.
+``hold_replies()`` stops forwarding what the target sends (requests still reach it): the
+replies to what it has done are in flight when a ``cut()`` drops them; ``holding`` is set
+once some are held.
 
 Kafka clients connect to the broker's *advertised* address after bootstrapping, so start
 the broker advertising ``proxy.port`` and bootstrap every client through the proxy too.
@@ -36,6 +39,9 @@ class FaultProxy:
         self._accepting = threading.Event()
         self._accept_thread: threading.Thread | None = None
         self._threads: list[threading.Thread] = []
+        self._replies = threading.Event()  # clear: target-to-client data is held
+        self._replies.set()
+        self.holding = threading.Event()  # set once target-to-client data is being held
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -69,7 +75,12 @@ class FaultProxy:
             self._open.clear()
         for sock in doomed:
             _close(sock)
+        self._replies.set()  # held replies go nowhere now: their sockets are closed
         self._reap()
+
+    def hold_replies(self) -> None:
+        """Hold everything the target sends until :meth:`cut` (which drops it)."""
+        self._replies.clear()
 
     def restore(self) -> None:
         """Listen again on the same port and forward new connections."""
@@ -124,15 +135,19 @@ class FaultProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._open.update((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
-                thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
+            for src, dst, gate in ((client, upstream, None), (upstream, client, self._replies)):
+                thread = threading.Thread(target=self._pump, args=(src, dst, gate), daemon=True)
                 self._threads.append(thread)
                 thread.start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        """Copy one direction until either side ends, then close the whole pair."""
+    def _pump(self, src: socket.socket, dst: socket.socket, gate: threading.Event | None) -> None:
+        """Copy one direction until either side ends, then close the whole pair; data
+        waits while ``gate`` is clear."""
         try:
             while data := src.recv(CHUNK):
+                if gate is not None and not gate.is_set():
+                    self.holding.set()
+                    gate.wait()
                 dst.sendall(data)
         except OSError:
             pass

@@ -25,19 +25,29 @@ buffer). Subscribe to a durable session's filters one at a time and read as
 you go, or give the first subscription a buffer as large as the backlog: a
 second ``subscribe`` waits for its SUBACK behind the first one's messages.
 
-With ``reconnect=True`` a lost connection is re-established with exponential
-backoff and jitter; subscriptions are renewed and unconfirmed confirmed
-publishes are sent again (with the same message id, so a broker that keeps
-ids can drop the duplicate). Messages published while disconnected wait. A
-broker that refuses the new connection for good (``broker.errors.refused_for_good``:
-a bad token, another protocol version) fails the client with that BrokerError,
-as it fails ``connect``: waiting would not change its answer.
+A client may be given several servers (``connect(["A", "B"])`` or ``"A,B"``): it
+connects to the first that accepts, in order. A server that refuses for good
+(``broker.errors.refused_for_good``: a bad token, another protocol version; a
+standby of a hot-spare pair) does not stop it trying the next; only when every
+server refuses for good does it fail, with the last refusal.
+
+With ``reconnect=True`` a lost connection is re-established over the same list,
+starting with the server after the one lost, in rounds separated by exponential
+backoff with jitter (``reconnect_timeout`` bounds how long). Subscriptions are
+renewed, a durable session resumes, and unconfirmed confirmed publishes are sent
+again in their order, before any new publish, with the same message id: the
+client gives every confirmed publish one, so a broker that has it already (its
+duplicate window) confirms and drops the copy. At most ``max_in_flight``
+confirmed publishes await their PUBACK; more wait. Messages published while
+disconnected wait. A ``Message`` names the broker (``server``) whose sequence its
+``seq`` counts in, and ``ack(seq, server=...)`` is not sent to another.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import secrets
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -48,11 +58,11 @@ import msgpack
 import trio
 
 import routing
-from broker.address import DEFAULT_PORT, parse_server
+from broker.address import DEFAULT_PORT, format_address, parse_servers
 from broker.client.errors import BrokerError, ConnectionLost, worth_retrying
 from broker.client.pubacks import take_pubacks
 from broker.client.subscription import Message, Subscription
-from broker.client.waiters import Batch, BatchPart, Pending, Waiter
+from broker.client.waiters import Batch, BatchPart, InFlight, Pending, Waiter
 from broker.errors import RemoteProtocolError, refused_for_good
 from broker.log import get_logger
 from broker.net import RECEIVE_SIZE, Backoff, receive_frame
@@ -65,6 +75,7 @@ from broker.wire.states import State
 WRITE_BUFFER_LIMIT = 1024 * 1024
 YIELD_AT = 64 * 1024  # a publisher in a tight loop lets the writer run every ~64 KiB
 SUBSCRIPTION_BUFFER = 1000
+MAX_IN_FLIGHT = 10_000  # confirmed publishes awaiting PUBACK (kept to be sent again)
 UNCLAIMED_LIMIT = 10_000  # durable replay kept until the application subscribes again
 
 log = get_logger("topiary.client")
@@ -80,13 +91,13 @@ class Client:
     Open it with :func:`connect`, which says HELLO and runs the tasks: a reader that
     resolves each reply's waiter by request id and hands each message to every local
     subscription that matches, a writer that drains the write buffer, a keepalive, and
-    with ``reconnect`` the loop that opens a lost connection again. The constructor only
-    checks the address.
+    with ``reconnect`` the loop that opens a lost connection again (to the same server or
+    another of ``servers``). The constructor only checks the addresses.
     """
 
     def __init__(
         self,
-        server: str | tuple[str, int],
+        server: str | tuple[str, int] | Sequence[str | tuple[str, int]],
         *,
         client_id: str | None,
         credentials: dict[str, Any] | None,
@@ -96,8 +107,11 @@ class Client:
         durable: bool = False,
         group: str | None = None,
         tls: ssl.SSLContext | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        reconnect_timeout: float | None = None,
     ) -> None:
-        self.address = parse_server(server)
+        self.servers = parse_servers(server)
+        self.address = self.servers[0]  # the server connected to (or tried first)
         self.tls = tls
         self.group = group
         self.durable = durable or group is not None
@@ -112,6 +126,13 @@ class Client:
         self.errors: list[BrokerError] = []  # refusals of requests nobody waits for
         self.discarded = 0  # messages the broker said it dropped for us (MSG ``discarded``)
         self.reconnects = 0
+        self.failovers = 0  # reconnects that went to another server than the one lost
+        self.reconnect_timeout = reconnect_timeout
+        self._in_flight = InFlight(max_in_flight)
+        # Message ids for confirmed publishes that have none: unique to this client, so a
+        # copy sent again after a reconnect is recognised by the broker's duplicate window.
+        self._msg_id_prefix = f"{secrets.token_urlsafe(9)}-"
+        self._msg_ids = itertools.count(1)
         self._ids = itertools.count(1)
         self._stream: trio.abc.Stream | None = None
         self._proto = Connection(Role.CLIENT)
@@ -131,8 +152,32 @@ class Client:
 
     # -- connection ----------------------------------------------------------------------
 
-    async def _open(self) -> None:
-        host, port = self.address
+    async def _open_first(self, start: int = 0) -> list[Exception]:
+        """One pass over the servers from index ``start``: connected to the first that
+        accepts (and nothing returned), else each server's failure in the order tried. A
+        refusal for good from one server does not end the pass: another may accept."""
+        failures: list[Exception] = []
+        count = len(self.servers)
+        for step in range(count):
+            address = self.servers[(start + step) % count]
+            try:
+                await self._open(address)
+            except (
+                OSError,
+                ConnectionLost,
+                BrokerError,
+                RemoteProtocolError,
+                trio.BrokenResourceError,
+            ) as exc:
+                failures.append(exc)
+                if count > 1:
+                    log.info("server unavailable", server=format_address(address), error=str(exc))
+                continue
+            return []
+        return failures
+
+    async def _open(self, address: tuple[str, int]) -> None:
+        host, port = address
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         if self.tls is not None:
             stream = await _secure(stream, self.tls, host)
@@ -159,6 +204,7 @@ class Client:
             raise
         self._stream = stream
         self._proto = proto
+        self.address = address
         self.client_id = event.client_id
         self.server_id = event.server_id
         self.session_present = event.session_present
@@ -171,9 +217,8 @@ class Client:
             error = await self._session()
             if self._closing:
                 return
-            if self.reconnect and not (
-                isinstance(error, BrokerError) and refused_for_good(error.code)
-            ):
+            refused = isinstance(error, BrokerError) and refused_for_good(error.code)
+            if self.reconnect and (not refused or len(self.servers) > 1):
                 self._connected = trio.Event()
                 error = await self._reconnect()
                 if error is None:
@@ -182,22 +227,37 @@ class Client:
             return
 
     async def _reconnect(self) -> Exception | None:
-        """Connect again, with backoff, until connected (None) or refused for good (that
-        refusal: a bad token or another protocol version will not pass by waiting)."""
+        """Connect again, in rounds over the servers (from the one after the server lost)
+        with backoff between them, until connected (None), refused for good by every
+        server (the last refusal: a bad token or another protocol version will not pass
+        by waiting), or ``reconnect_timeout`` has passed (the last failure)."""
+        lost = self.address
         backoff = Backoff(*self.backoff)
+        start = (self.servers.index(lost) + 1) % len(self.servers)
+        timeout = self.reconnect_timeout
+        give_up_at = math.inf if timeout is None else trio.current_time() + timeout
         while not self._closing:
             await backoff.wait()
-            try:
-                await self._open()
-            except (OSError, ConnectionLost, BrokerError, trio.BrokenResourceError) as exc:
-                if not worth_retrying(exc):
-                    log.warning("reconnect refused", error=str(exc))
-                    return exc
-                log.info("reconnect failed", error=str(exc), retry_in=round(backoff.delay, 2))
-                continue
-            self.reconnects += 1
-            await self._resume()
-            return None
+            failures = await self._open_first(start)
+            if not failures:
+                self.reconnects += 1
+                if self.address != lost:
+                    self.failovers += 1
+                    log.warning(
+                        "failed over",
+                        server=format_address(self.address),
+                        lost=format_address(lost),
+                    )
+                await self._resume()
+                return None
+            last = failures[-1]
+            if not any(worth_retrying(exc) for exc in failures):
+                log.warning("reconnect refused", error=str(last))
+                return last
+            if trio.current_time() >= give_up_at:
+                log.warning("reconnect gave up", error=str(last), after_s=timeout)
+                return last
+            log.info("reconnect failed", error=str(last), retry_in=round(backoff.delay, 2))
         return None
 
     async def _resume(self) -> None:
@@ -315,6 +375,7 @@ class Client:
             sub=frame.sub,
             discarded=frame.discarded,
             retained=frame.retained,
+            server=self.server_id,
         )
         if frame.discarded:
             self.discarded += frame.discarded
@@ -396,9 +457,11 @@ class Client:
     ) -> None:
         """Publish; with ``confirm`` wait for the broker's PUBACK (BrokerError if refused).
 
-        ``retain`` makes it the retained message of its topic, sent to every later
-        subscription that matches it (an empty payload deletes the topic's instead); with
-        ``confirm`` the PUBACK comes once that is stored."""
+        A confirmed publish without a ``msg_id`` is given one by the client (the message's
+        id for its subscribers too): a copy sent again after a reconnect is then dropped by
+        a broker that has it. ``retain`` makes it the retained message of its topic, sent
+        to every later subscription that matches it (an empty payload deletes the topic's
+        instead); with ``confirm`` the PUBACK comes once that is stored."""
         routing.validate_topic(topic)
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         if headers is not None and not all(
@@ -409,6 +472,16 @@ class Client:
             not isinstance(msg_id, str) or len(msg_id.encode("utf-8")) > MAX_MSG_ID_BYTES
         ):
             raise ValueError(f"msg_id must be a str of at most {MAX_MSG_ID_BYTES} bytes")
+        if confirm:
+            if msg_id is None:
+                msg_id = f"{self._msg_id_prefix}{next(self._msg_ids)}"
+            in_flight = self._in_flight
+            await in_flight.acquire()
+            try:
+                await self._publish_confirmed(topic, data, headers, msg_id, retain)
+            finally:
+                in_flight.release()
+            return
         if self._failure is not None or self._closing or not self._connected.is_set():
             await self._ready()
         # The hot path of a publisher: the topic is checked above and the other fields
@@ -420,17 +493,6 @@ class Client:
             wire["msg_id"] = msg_id
         if retain:
             wire["retain"] = True
-        if confirm:
-            request_id = next(self._ids)
-            wire["id"] = request_id
-            body = _packb(wire)
-            raw = len(body).to_bytes(4, "big") + body
-            waiter = Waiter(raw)  # sent again as it is after a reconnect
-            self._waiters[request_id] = waiter
-            self._out += raw
-            self._out_ready.set()
-            await waiter.wait()
-            return
         body = _packb(wire)
         out = self._out
         out += len(body).to_bytes(4, "big")
@@ -444,6 +506,38 @@ class Client:
             await trio.lowlevel.checkpoint()  # let the writer send a batch
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def _publish_confirmed(
+        self,
+        topic: str,
+        data: bytes,
+        headers: dict[str, str] | None,
+        msg_id: str,
+        retain: bool,
+    ) -> None:
+        """The confirmed half of ``publish``, once it has its place in flight."""
+        if self._failure is not None or self._closing or not self._connected.is_set():
+            await self._ready()
+        wire: dict[str, Any] = {"type": "PUB", "topic": topic, "payload": data}
+        if headers is not None:
+            wire["headers"] = headers
+        wire["msg_id"] = msg_id
+        if retain:
+            wire["retain"] = True
+        request_id = next(self._ids)
+        wire["id"] = request_id
+        body = _packb(wire)
+        raw = len(body).to_bytes(4, "big") + body
+        waiter = Waiter(raw)  # sent again as it is after a reconnect
+        self._waiters[request_id] = waiter
+        self._out += raw
+        self._out_ready.set()
+        try:
+            await waiter.wait()
+        except BaseException:
+            # Cancelled: forgotten, not sent again (its place in flight is given back).
+            self._waiters.pop(request_id, None)
+            raise
 
     def publish_nowait(self, topic: str, payload: bytes) -> bool:
         """Queue an unconfirmed PUB without waiting: False, and nothing queued, while the
@@ -471,40 +565,67 @@ class Client:
         and wait for every PUBACK: one round trip for the batch, not one per message.
 
         Returns, in order, ``None`` for each confirmed message or the broker's refusal.
-        With ``reconnect=True`` unconfirmed PUBs are sent again after a reconnect (set
-        ``msg_id`` so the broker drops the ones it already had); otherwise a lost
-        connection raises ConnectionLost.
+        A message without a ``msg_id`` is given one, as by ``publish``. With
+        ``reconnect=True`` unconfirmed PUBs are sent again after a reconnect (the broker
+        drops the ones it already had); otherwise a lost connection raises
+        ConnectionLost. A batch larger than the in-flight limit is sent as PUBACKs make
+        room.
         """
         for topic, _payload, msg_id in messages:
             routing.validate_topic(topic)
             if msg_id is not None and len(msg_id.encode("utf-8")) > MAX_MSG_ID_BYTES:
                 raise ValueError(f"msg_id must be at most {MAX_MSG_ID_BYTES} bytes")
         await self._ready()
-        batch = Batch(len(messages))
-        out = self._out
+        in_flight = self._in_flight
+        batch = Batch(len(messages), in_flight)
         waiters = self._waiters
         ids = self._ids
-        for index, (topic, payload, msg_id) in enumerate(messages):
-            request_id = next(ids)
-            wire: dict[str, Any] = {"type": "PUB", "topic": topic, "payload": payload}
-            if msg_id is not None:
-                wire["msg_id"] = msg_id
-            wire["id"] = request_id
-            body = _packb(wire)
-            raw = len(body).to_bytes(4, "big") + body
-            waiters[request_id] = BatchPart(batch, index, raw)
-            out += raw
-        self._out_ready.set()
-        await batch.done.wait()
+        sent: list[int] = []
+        try:
+            for index, (topic, payload, msg_id) in enumerate(messages):
+                if in_flight.count >= in_flight.limit:
+                    self._out_ready.set()  # what is queued goes out while we wait for room
+                    await in_flight.acquire()
+                    if self._failure is not None:
+                        raise self._failure
+                else:
+                    in_flight.count += 1
+                request_id = next(ids)
+                wire: dict[str, Any] = {
+                    "type": "PUB",
+                    "topic": topic,
+                    "payload": payload,
+                    "msg_id": msg_id or f"{self._msg_id_prefix}{next(self._msg_ids)}",
+                    "id": request_id,
+                }
+                body = _packb(wire)
+                raw = len(body).to_bytes(4, "big") + body
+                waiters[request_id] = BatchPart(batch, index, raw)
+                sent.append(request_id)
+                self._out += raw
+            self._out_ready.set()
+            await batch.done.wait()
+        except BaseException:
+            for request_id in sent:  # cancelled: what is unconfirmed is forgotten
+                if waiters.pop(request_id, None) is not None:
+                    in_flight.release()
+            raise
         if batch.failure is not None:
             raise batch.failure
         return batch.errors
 
-    async def ack(self, seq: int, *, single: bool = False) -> None:
+    async def ack(self, seq: int, *, single: bool = False, server: str | None = None) -> None:
         """Acknowledge every message up to ``seq`` (cumulative) on a durable session: the
         broker will not send them again. A shared-group member acknowledges each message it
-        has processed with ``single=True`` (cumulative acks cover only what it holds)."""
+        has processed with ``single=True`` (cumulative acks cover only what it holds).
+
+        ``server`` is the acknowledged message's ``Message.server``: after a failover to a
+        broker with another id the ack is not sent (that broker's seqs count other
+        messages; it sends what was not acknowledged there)."""
         await self._ready()
+        if server is not None and server != self.server_id:
+            log.info("ack for another server dropped", seq=seq, server=server)
+            return
         self._write(frames.Ack(seq=seq, single=single))
         await trio.lowlevel.checkpoint_if_cancelled()
 
@@ -591,6 +712,7 @@ class Client:
                     and self._failure is None
                     and not self._closing
                     and self._connected.is_set()
+                    and self._proto.state is _OPEN  # not after the broker's closing ERROR
                 ):
                     with (
                         trio.CancelScope(shield=True),
@@ -644,7 +766,7 @@ def tls_context(
 
 @asynccontextmanager
 async def connect(
-    server: str | tuple[str, int] = f"127.0.0.1:{DEFAULT_PORT}",
+    server: str | tuple[str, int] | Sequence[str | tuple[str, int]] = f"127.0.0.1:{DEFAULT_PORT}",
     *,
     client_id: str | None = None,
     credentials: dict[str, Any] | None = None,
@@ -656,8 +778,18 @@ async def connect(
     username: str | None = None,
     password: str | None = None,
     tls: ssl.SSLContext | bool | None = None,
+    max_in_flight: int = MAX_IN_FLIGHT,
+    reconnect_timeout: float | None = None,
 ) -> AsyncIterator[Client]:
     """Connect and say HELLO; raises BrokerError if refused, OSError if unreachable.
+
+    ``server`` is one server (``"host:port"``, ``"host"``, ``(host, port)``) or several
+    (``["A", "B"]`` or ``"A,B"``): the client connects to the first that accepts, in
+    order, and raises the last server's failure when none does. With ``reconnect`` a lost
+    connection is opened again over the list (see the module's docstring), for at most
+    ``reconnect_timeout`` seconds when given (then the client fails with the last error).
+    ``max_in_flight`` bounds the confirmed publishes awaiting a PUBACK (and kept to be
+    sent again).
 
     ``username`` and ``password`` log in as a user of the broker's users file (a refusal is
     BrokerError AUTH_FAILED); they travel in HELLO's ``credentials`` (with whatever
@@ -669,11 +801,14 @@ async def connect(
     ``group="name"`` joins a shared group: the members share one durable session and each
     message goes to one of them; acknowledge each with ``ack(seq, single=True)``.
     ``tls`` speaks TLS: an ``ssl.SSLContext`` (``tls_context(ca, cert, key)`` makes one),
-    or True for the system's CAs; the broker's certificate must name the host dialled.
+    or True for the system's CAs; the broker's certificate must name the host dialled
+    (each server's own host). TLS and credentials apply to every server.
     A failed TLS handshake raises ``trio.BrokenResourceError`` (its cause says why).
     """
     if not (math.isfinite(keepalive) and keepalive > 0):
         raise ValueError("keepalive must be a positive number of seconds")
+    if reconnect_timeout is not None and not reconnect_timeout > 0:
+        raise ValueError("reconnect_timeout must be a positive number of seconds")
     if username is not None or password is not None:
         credentials = dict(credentials or {})
         if username is not None:
@@ -690,8 +825,12 @@ async def connect(
         durable=durable,
         group=group,
         tls=tls_context() if tls is True else (tls or None),
+        max_in_flight=max_in_flight,
+        reconnect_timeout=reconnect_timeout,
     )
-    await client._open()
+    failures = await client._open_first()
+    if failures:
+        raise failures[-1]
     async with trio.open_nursery() as nursery:
         await nursery.start(client._run)
         try:

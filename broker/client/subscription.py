@@ -37,6 +37,9 @@ class Message:
     #: True when the message comes from the broker's retained store (sent because this
     #: subscription was made), not because it was just published
     retained: bool = False
+    #: the server id of the broker that sent it: ``seq`` counts in that broker's session
+    #: (pass it to ``Client.ack`` so an ack never reaches another broker after a failover)
+    server: str | None = None
 
     @property
     def text(self) -> str:

@@ -51,12 +51,45 @@ class Waiter:
         return self.frame
 
 
+class InFlight:
+    """Confirmed publishes awaiting their PUBACK, at most ``limit``: each is kept (its
+    bytes) to be sent again after a reconnect, so the limit bounds what a client holds
+    for a broker that does not answer. A publisher past the limit waits for room."""
+
+    __slots__ = ("_room", "count", "limit")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {limit}")
+        self.limit = limit
+        self.count = 0
+        self._room: trio.Event | None = None
+
+    async def acquire(self) -> None:
+        """Take a place, waiting while all ``limit`` are taken (no checkpoint otherwise:
+        the publisher's own wait for its PUBACK is one)."""
+        while self.count >= self.limit:
+            if self._room is None:
+                self._room = trio.Event()
+            await self._room.wait()
+        self.count += 1
+
+    def release(self) -> None:
+        self.count -= 1
+        room = self._room
+        if room is not None:
+            self._room = None
+            room.set()
+
+
 class Batch:
-    """Confirmations still awaited for one ``publish_confirmed`` call."""
+    """Confirmations still awaited for one ``publish_confirmed`` call; each part gives its
+    place in flight back when it is resolved."""
 
-    __slots__ = ("done", "errors", "failure", "remaining")
+    __slots__ = ("done", "errors", "failure", "in_flight", "remaining")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, in_flight: InFlight | None = None) -> None:
+        self.in_flight = in_flight
         self.remaining = size
         self.errors: list[BrokerError | None] = [None] * size
         self.failure: Exception | None = None
@@ -77,6 +110,8 @@ class BatchPart:
 
     def resolve(self, frame: Frame | None = None, error: Exception | None = None) -> None:
         batch = self.batch
+        if batch.in_flight is not None:
+            batch.in_flight.release()
         if isinstance(error, BrokerError):
             batch.errors[self.index] = error
         elif error is not None:
