@@ -51,6 +51,7 @@ from broker.ha.records import (
     write_position,
 )
 from broker.log import get_logger
+from broker.store.records import StoreError
 from broker.store.sqlite import Work
 
 if TYPE_CHECKING:
@@ -122,6 +123,8 @@ class Shipper:
         self._acks = trio.Event()  # set (and replaced) when _acked or _in_sync changes
         self._standby: trio.CancelScope | None = None
         self.last_contact: float | None = None  # trio time the standby was last heard
+        #: Why this primary refuses writes (it met a partner of a newer term), or None.
+        self.fenced: str | None = None
 
     @property
     def in_sync(self) -> bool:
@@ -144,7 +147,10 @@ class Shipper:
 
     def prepare(self, works: list[Work]) -> _Prepared:
         """In the writer's worker thread, before the batch: describe it and append the
-        work that stores the new position in the same transaction."""
+        work that stores the new position in the same transaction. A fenced primary raises
+        ``StoreError`` (the store fails the batch: nothing is confirmed)."""
+        if self.fenced is not None:
+            raise StoreError(f"not stored: {self.fenced}")
         self.clock.now = time.time()
         seq = self.position.seq + 1
         body = encode_record(self.term, seq, self.clock.now, [describe(w) for w in works])
@@ -215,6 +221,12 @@ class Shipper:
                 self.counters.auth_failures += 1
             log.warning("standby refused", reason=str(exc))
             await trio.aclose_forcefully(stream)
+            return
+        if theirs.term > self.term:
+            # The partner served a newer term: this broker was replaced and must not write.
+            self.fenced = f"replaced: the partner is in term {theirs.term}, we in {self.term}"
+            log.error("fenced", reason=self.fenced)
+            await link.aclose()
             return
         if self._standby is not None:
             self._standby.cancel()  # the newest connection of the standby wins

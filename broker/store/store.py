@@ -241,7 +241,13 @@ class Store:
         self, works: list[Work], replication: Replication | None
     ) -> tuple[bool, list[Outcome], float, int, RowCounts, Any]:
         start = time.perf_counter()
-        record = None if replication is None else replication.prepare(works)
+        record = None
+        if replication is not None:
+            try:
+                record = replication.prepare(works)
+            except StoreError as exc:  # e.g. a fenced primary: nothing of the batch is stored
+                outcomes: list[Outcome] = [(False, exc) for _ in works]
+                return False, outcomes, 0.0, self._db_size, self._rows, None
         committed, outcomes = self._backend.run_batch(works)
         elapsed = time.perf_counter() - start
         size, counts = self._backend.file_size(), self._backend.counts()
