@@ -188,3 +188,19 @@ async def test_a_standby_without_the_secret_is_refused(tmp_path: Path) -> None:
                 await trio.sleep(0.01)
         assert follower.position.seq == 0
         assert not p.shipper.in_sync
+
+
+async def test_the_primary_reports_its_lag_and_the_standby_in_its_statistics(
+    tmp_path: Path,
+) -> None:
+    async with pair(tmp_path) as p:
+        follower = await p.start_standby()
+        await p.in_sync()
+        await p.store.create_session("c", None)
+        await p.caught_up()
+        stats = p.store.replication_statistics()
+        assert stats is not None
+        assert stats["in_sync"] == 1 and stats["lag_records"] == 0 and stats["lag_bytes"] == 0
+        assert stats["seq"] == follower.position.seq == stats["standby_acked_seq"]
+        assert stats["term"] == 1 and stats["fenced"] == 0
+        assert stats["standby_connections"] == 1 and stats["records"] >= 1

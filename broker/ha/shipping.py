@@ -57,7 +57,7 @@ from broker.store.sqlite import Work
 if TYPE_CHECKING:
     from broker.store.store import Store
 
-__all__ = ["BACKLOG_BYTES", "CHUNK_BYTES", "Shipper", "ShipperCounters"]
+__all__ = ["BACKLOG_BYTES", "CHUNK_BYTES", "HELP", "Shipper", "ShipperCounters"]
 
 #: Record bytes the primary keeps for standbys that reconnect.
 BACKLOG_BYTES = 64 << 20
@@ -67,6 +67,29 @@ CHUNK_BYTES = 1 << 20
 HANDSHAKE_TIMEOUT = 10.0
 
 log = get_logger("topiary.ha.shipping")
+
+
+#: What each of ``Shipper.statistics`` is: (kind, help) for /metrics (``topiary_ha_<name>``).
+HELP: dict[str, tuple[str, str]] = {
+    "records": ("counter", "Store batches committed as replication records."),
+    "record_bytes": ("counter", "Bytes of replication records committed."),
+    "records_sent": ("counter", "Records sent to the standby."),
+    "bytes_sent": ("counter", "Record and snapshot bytes sent to the standby."),
+    "snapshots_sent": ("counter", "Snapshots sent to a new, lagging or diverged standby."),
+    "standby_connections": ("counter", "Authenticated standby connections."),
+    "standby_dropped": ("counter", "Standby connections dropped (silent, behind, bad frame)."),
+    "auth_failures": ("counter", "Replication connections without the pair's secret."),
+    "confirms_waited": ("counter", "Batches whose confirmation waited for the standby."),
+    "confirms_alone": ("counter", "Batches confirmed with no standby in sync (sync = true)."),
+    "term": ("gauge", "The term this primary writes in."),
+    "seq": ("gauge", "The seq of the newest record."),
+    "standby_acked_seq": ("gauge", "The newest seq the standby has durably (0: none)."),
+    "lag_records": ("gauge", "Records the standby has not acknowledged."),
+    "lag_bytes": ("gauge", "Bytes of records the standby has not acknowledged."),
+    "in_sync": ("gauge", "1 while a standby is caught up and waited for."),
+    "fenced": ("gauge", "1 when this primary met a newer term and refuses writes."),
+    "seconds_since_contact": ("gauge", "Seconds since the standby was heard (-1: never)."),
+}
 
 
 @dataclass(slots=True)
@@ -125,6 +148,23 @@ class Shipper:
         self.last_contact: float | None = None  # trio time the standby was last heard
         #: Why this primary refuses writes (it met a partner of a newer term), or None.
         self.fenced: str | None = None
+
+    def statistics(self) -> dict[str, int | float]:
+        """Counters and gauges for STATS and /metrics (``HELP`` says what each is)."""
+        acked = self._acked if self._standby is not None else self.position.seq
+        behind = [body for position, body in self._backlog if position.seq > acked]
+        heard = self.last_contact
+        return {
+            **self.counters.snapshot(),
+            "term": self.term,
+            "seq": self.position.seq,
+            "standby_acked_seq": acked if self._standby is not None else 0,
+            "lag_records": self.position.seq - acked if self._standby is not None else 0,
+            "lag_bytes": sum(len(body) for body in behind),
+            "in_sync": int(self._in_sync),
+            "fenced": int(self.fenced is not None),
+            "seconds_since_contact": -1.0 if heard is None else trio.current_time() - heard,
+        }
 
     @property
     def in_sync(self) -> bool:

@@ -67,6 +67,8 @@ class Replication(Protocol):
 
     async def durable(self, record: Any) -> None: ...
 
+    def statistics(self) -> dict[str, int | float]: ...
+
 
 def _raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
     """Re-raise the one exception in ``group`` as itself (keeping its context), else the group.
@@ -267,6 +269,10 @@ class Store:
         the record carries, so a standby stores the same values)."""
         self._backend.clock = clock
         self._replication = replication
+
+    def replication_statistics(self) -> dict[str, int | float] | None:
+        """The replication's counters (``broker.ha.shipping.HELP``), None when not replicating."""
+        return None if self._replication is None else self._replication.statistics()
 
     async def read(self, work: Work) -> Any:
         """Run a read-only ``work`` on the backend in the worker thread."""
