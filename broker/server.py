@@ -192,8 +192,10 @@ async def run_broker(
     durable sessions in it; the store is closed (its last batch flushed) after the last
     connection has gone. A broker serving MQTT without a data dir keeps its store in a
     temporary directory for the run (MQTT clients expect persistent sessions).
-    A config with [ha] is refused (ConfigError): the replication link is not built yet,
-    and a broker that only pretended to be half of a pair would lose what it confirmed.
+    With [ha] (only ``failover = "manual"``: promotion by the witness is not built, and a
+    config asking for it is refused with ConfigError) a standby follows its primary and
+    refuses clients until SIGUSR1 promotes it; a primary ships its store to its standby
+    (broker/ha/pair.py, docs/ha.md).
     """
     term: int | None = None
     if config.ha_configured:

@@ -38,7 +38,7 @@ import trio
 
 from broker.histogram import Histogram
 from broker.store.files import lock_directory
-from broker.store.group_commit import GroupCommit, OnDone, Outcome, Pending
+from broker.store.group_commit import GroupCommit, OnDone, Outcome, Pending, Settle
 from broker.store.records import (
     RetainedMessage,
     SessionRecord,
@@ -217,7 +217,9 @@ class Store:
 
     # -- committing ----------------------------------------------------------------------------
 
-    async def _run_batch(self, works: list[Work]) -> tuple[bool, list[Outcome]] | None:
+    async def _run_batch(
+        self, works: list[Work]
+    ) -> tuple[bool, list[Outcome]] | tuple[bool, list[Outcome], Settle] | None:
         """The queue's ``run``: commit ``works`` (plus a sweep when one is due) in one
         transaction in the worker thread; None when there is nothing to do."""
         if math.isfinite(self._sweep_interval) and trio.current_time() >= self._next_sweep:
@@ -236,7 +238,9 @@ class Store:
         if replication is not None and committed:
             # No checkpoint before adopt: the record is the newest before anyone can look.
             replication.adopt(record)
-            await replication.durable(record)  # sync: the standby has it too
+            # The outcomes go out once the standby has the batch (sync), while the writer
+            # commits the next batches (group_commit.py, "Settling").
+            return committed, outcomes, partial(replication.durable, record)
         return committed, outcomes
 
     def _run_in_thread(
