@@ -55,25 +55,30 @@ class Pair:
     nursery: trio.Nursery
     follower: Follower | None = None
     _scope: trio.CancelScope | None = None
+    _stopped: trio.Event | None = None
 
     async def start_standby(self, secret: bytes = SECRET) -> Follower:
         follower = Follower(self.standby_dir, secret)
-        self._scope = trio.CancelScope()
+        scope, stopped = trio.CancelScope(), trio.Event()
+        self._scope, self._stopped = scope, stopped
 
         async def run(task_status: trio.TaskStatus[None]) -> None:
-            assert self._scope is not None
-            with self._scope:
-                await follower.run("127.0.0.1", self.port, task_status=task_status)
+            try:
+                with scope:
+                    await follower.run("127.0.0.1", self.port, task_status=task_status)
+            finally:
+                stopped.set()  # its store is closed and its directory unlocked
 
         await self.nursery.start(run)
         self.follower = follower
         return follower
 
     async def stop_standby(self) -> None:
-        assert self._scope is not None and self.follower is not None
+        assert self._scope is not None and self._stopped is not None
         self._scope.cancel()
         with trio.fail_after(10):
-            while self.follower.connected or self.shipper.in_sync:
+            await self._stopped.wait()
+            while self.shipper.in_sync:
                 await trio.sleep(0.01)  # bounded by fail_after: the shipper notices the EOF
 
     async def in_sync(self) -> None:

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from functools import partial
 from pathlib import Path
 
+import pytest
 import trio
+import trio.testing
 
-from broker.store import Store
+from broker.ha.records import Position, write_position
+from broker.store import Store, StoreError
 from broker.store.schema import DB_FILENAME
+from broker.store.sqlite import SqliteBackend
 from tests.hapair import Pair, dump, pair
 
 PUBLISHERS = 6
@@ -204,3 +209,34 @@ async def test_the_primary_reports_its_lag_and_the_standby_in_its_statistics(
         assert stats["seq"] == follower.position.seq == stats["standby_acked_seq"]
         assert stats["term"] == 1 and stats["fenced"] == 0
         assert stats["standby_connections"] == 1 and stats["records"] >= 1
+
+
+async def test_a_standby_restarted_under_load_catches_up(tmp_path: Path) -> None:
+    async with pair(tmp_path) as p:
+        await p.start_standby()
+        await p.in_sync()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_load, p.store, "busy", 60)
+            await trio.testing.wait_all_tasks_blocked()  # the load has begun
+            await p.stop_standby()
+            await p.start_standby()
+        assert p.shipper.counters.confirms_alone > 0  # the load went on while it was away
+        await p.in_sync()
+        await _same(p)
+
+
+async def test_a_primary_that_meets_a_standby_of_a_newer_term_refuses_writes(
+    tmp_path: Path,
+) -> None:
+    async with pair(tmp_path) as p:
+        newer = SqliteBackend.open(p.standby_dir / DB_FILENAME)
+        newer.run(partial(write_position, Position(5, 1, b"\x02" * 16)))
+        newer.close()
+        await p.start_standby()
+        with trio.fail_after(10):
+            while p.shipper.fenced is None:
+                await trio.sleep(0.01)
+        with pytest.raises(StoreError, match="replaced"):
+            await p.store.create_session("late", None)
+        assert await p.store.session("late") is None
+        assert p.store.replication_statistics()["fenced"] == 1  # type: ignore[index]
