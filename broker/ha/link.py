@@ -31,7 +31,15 @@ from broker.errors import ProtocolError
 from broker.ha.codec import NONCE_BYTES, session_key
 from broker.wire.buffer import FrameBuffer
 
-__all__ = ["MAX_LINK_FRAME", "LinkError", "LinkStream", "accept_link", "dial_link"]
+__all__ = [
+    "MAX_LINK_FRAME",
+    "LinkAuthError",
+    "LinkError",
+    "LinkStream",
+    "accept_link",
+    "dial_link",
+    "single_link_error",
+]
 
 VERSION = 1
 #: The largest frame: a batch of the store (at most 5,000 appends) or a snapshot chunk.
@@ -43,6 +51,10 @@ _HANDSHAKE_FRAME = 256
 
 class LinkError(Exception):
     """The other side of the link sent something we cannot accept, or went away."""
+
+
+class LinkAuthError(LinkError):
+    """A frame's MAC is wrong: the other side does not have the pair's secret."""
 
 
 class LinkStream:
@@ -81,7 +93,7 @@ class LinkStream:
     def _open(self, body: bytes) -> list[Any]:
         mac, body = body[:_MAC], body[_MAC:]
         if not hmac.compare_digest(mac, self._mac(self._other, self._received, body)):
-            raise LinkError("bad MAC: not signed with the pair's secret (or out of order)")
+            raise LinkAuthError("bad MAC: not signed with the pair's secret (or out of order)")
         self._received += 1
         message = _unpack(body)
         if message[0] == "ERROR":

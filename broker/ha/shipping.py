@@ -39,7 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.ha.link import LinkError, LinkStream, accept_link, single_link_error
+from broker.ha.link import (
+    LinkAuthError,
+    LinkError,
+    LinkStream,
+    accept_link,
+    single_link_error,
+)
 from broker.ha.records import (
     GENESIS,
     BatchClock,
@@ -257,7 +263,7 @@ class Shipper:
                 hello = await link.receive()
             theirs = _position(hello)
         except (LinkError, trio.TooSlowError) as exc:
-            if "MAC" in str(exc):
+            if isinstance(exc, LinkAuthError):
                 self.counters.auth_failures += 1
             log.warning("standby refused", reason=str(exc))
             await trio.aclose_forcefully(stream)
