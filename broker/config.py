@@ -89,7 +89,7 @@ key, never a traceback and never a silently ignored typo.
     listen_websocket = "127.0.0.1:8443"   # MQTT over secure WebSocket (wss)
     listen_http = "127.0.0.1:7481"        # the operators' HTTP port over TLS (https)
 
-    [ha]                           # hot spare (docs/ha.md); checked, not served yet
+    [ha]                           # hot spare (docs/ha.md)
     role = "primary"               # or "standby": the role at first start
     partner = "10.0.0.2:7474"      # the other broker of the pair
     witness = "10.0.0.3:7480"      # `topiary witness --port 7480`
@@ -97,6 +97,8 @@ key, never a traceback and never a silently ignored typo.
     sync = true                    # PUBACK only once the standby has the message on disk
     lease = 1.0                    # seconds the witness' lease lasts (renewed every lease/3)
     failure_timeout = 0.6          # seconds of silence before the standby asks for a vote
+    link_port = 7475               # the replication link (default: server port + 1)
+    failover = "manual"            # "witness" (the design; not served yet) or "manual"
 """
 
 from __future__ import annotations
@@ -193,6 +195,13 @@ class BrokerConfig:
     ha_sync: bool = True
     ha_lease: float = DEFAULT_LEASE
     ha_failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
+    ha_link_port: int | None = None  # the replication link's port; None: server port + 1
+    ha_failover: str = "witness"  # or "manual": promotion by the operator (docs/ha.md)
+
+    @property
+    def ha_link(self) -> int:
+        """The replication link's port: ``[ha] link_port``, else the server port + 1."""
+        return self.ha_link_port if self.ha_link_port is not None else self.port + 1
 
     @property
     def ha_configured(self) -> bool:
@@ -288,6 +297,8 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "sync": "ha_sync",
         "lease": "ha_lease",
         "failure_timeout": "ha_failure_timeout",
+        "link_port": "ha_link_port",
+        "failover": "ha_failover",
     },
 }
 
@@ -299,9 +310,12 @@ _HA_DEFAULTS: dict[str, Any] = {
     "ha_sync": True,
     "ha_lease": DEFAULT_LEASE,
     "ha_failure_timeout": DEFAULT_FAILURE_TIMEOUT,
+    "ha_link_port": None,
+    "ha_failover": "witness",
 }
 #: The roles a broker of a pair may have at its first start.
 HA_ROLES = ("primary", "standby")
+HA_FAILOVERS = ("witness", "manual")
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,),
@@ -369,6 +383,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "ha_sync": (bool,),
     "ha_lease": (int, float),
     "ha_failure_timeout": (int, float),
+    "ha_link_port": (int, type(None)),
+    "ha_failover": (str,),
 }
 
 
@@ -556,6 +572,12 @@ def _check_ha(cfg: BrokerConfig) -> None:
         raise ConfigError("ha secret is required with [ha]: the pair and the witness share it")
     if cfg.data_dir is None:
         raise ConfigError("[ha] needs server data_dir: the pair replicates durable state")
+    if cfg.ha_link_port is not None and (
+        isinstance(cfg.ha_link_port, bool) or not 0 < cfg.ha_link_port < 65536
+    ):
+        raise ConfigError(f"ha link_port must be a port (1-65535), got {cfg.ha_link_port!r}")
+    if cfg.ha_failover not in HA_FAILOVERS:
+        raise ConfigError(f'ha failover must be "witness" or "manual", got {cfg.ha_failover!r}')
 
 
 def check_ha_timing(lease: float, failure_timeout: float) -> None:

@@ -60,6 +60,7 @@ class ErrorCode(StrEnum):
     NOT_AUTHORIZED = "NOT_AUTHORIZED"
     RATE_LIMITED = "RATE_LIMITED"
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
+    NOT_PRIMARY = "NOT_PRIMARY"
     INTERNAL = "INTERNAL"
 
     @property
@@ -105,6 +106,7 @@ CLOSES_CONNECTION: Mapping[ErrorCode, bool] = MappingProxyType(
         _C.NOT_AUTHORIZED: False,
         _C.RATE_LIMITED: False,
         _C.LIMIT_EXCEEDED: False,
+        _C.NOT_PRIMARY: True,
         _C.INTERNAL: True,
     }
 )
@@ -197,6 +199,10 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
         _C.LIMIT_EXCEEDED: (
             "A configured limit refused the request: a SUB past the per-client subscription "
             "limit (`ref` names it), or a connection past `max_connections` (then closed)."
+        ),
+        _C.NOT_PRIMARY: (
+            "HELLO reached the standby of a hot-spare pair, which serves no clients; the text "
+            "names the primary's address (docs/ha.md). Connect there (a server list does)."
         ),
         _C.INTERNAL: (
             "A bug or unexpected failure on the sender's side (for a PUB: it could not be "

@@ -24,6 +24,7 @@ import trio
 from broker.address import parse_listen
 from broker.config import BrokerConfig, ConfigError
 from broker.core import Broker
+from broker.ha.pair import standby_until_promoted, start_shipping
 from broker.http import HttpServer, broker_routes
 from broker.log import get_logger
 from broker.mesh import Peering
@@ -191,14 +192,23 @@ async def run_broker(
     durable sessions in it; the store is closed (its last batch flushed) after the last
     connection has gone. A broker serving MQTT without a data dir keeps its store in a
     temporary directory for the run (MQTT clients expect persistent sessions).
-    A config with [ha] is refused (ConfigError): the replication link is not built yet,
-    and a broker that only pretended to be half of a pair would lose what it confirmed.
+    With [ha] (only ``failover = "manual"``: promotion by the witness is not built, and a
+    config asking for it is refused with ConfigError) a standby follows its primary and
+    refuses clients until SIGUSR1 promotes it; a primary ships its store to its standby
+    (broker/ha/pair.py, docs/ha.md).
     """
+    term: int | None = None
     if config.ha_configured:
-        raise ConfigError(
-            "[ha] is not served yet: this topiary has the witness (`topiary witness`) and the "
-            "election rules but no replication link; remove [ha] to run a single broker"
-        )
+        if config.ha_failover != "manual":
+            raise ConfigError(
+                '[ha] failover = "witness" is not served yet: the replication link is built but '
+                'promotion by the witness is not; set failover = "manual" (docs/ha.md) or '
+                "remove [ha] to run a single broker"
+            )
+        if config.ha_role == "standby":
+            term = await standby_until_promoted(config, handle_signals=handle_signals)
+            if term is None:
+                return
     async with AsyncExitStack() as stack:
         store = None
         data_dir = config.data_dir
@@ -213,6 +223,9 @@ async def run_broker(
             store = await stack.enter_async_context(
                 Store.open(data_dir, dedup_window=config.dedup_window)
             )
+        shipper = None
+        if config.ha_configured and store is not None:  # before anything is written
+            shipper = await start_shipping(config, store, term)
         broker = broker or Broker(config, store=store)
         if not isinstance(broker.peering, Peering):
             broker.peering = Peering(broker)
@@ -261,6 +274,11 @@ async def run_broker(
                 nursery.start_soon(_shutdown_on_signal, server, signals)
                 nursery.start_soon(_reload_on_signal, server, reloads)
             await nursery.start(broker.peering.run)
+            link = trio.CancelScope()
+            if shipper is not None:
+                link_listeners = await trio.open_tcp_listeners(config.ha_link, host=config.host)
+                await nursery.start(_run_in_scope, partial(shipper.serve, link_listeners), link)
+                log.info("primary", term=shipper.term, link=config.ha_link, sync=config.ha_sync)
             if acl is not None:  # the ACL file's store removals
                 await nursery.start(acl.run)
             operators = trio.CancelScope()
@@ -287,6 +305,7 @@ async def run_broker(
             await server.stopped.wait()
             operators.cancel()  # the HTTP port answers until the last client has gone
             timers.cancel()
+            link.cancel()
             if acl is not None:
                 acl.close()  # its queued store removals are written, then its task ends
 

@@ -98,12 +98,12 @@ def test_a_config_without_the_secret_is_a_usage_error(tmp_path: Path) -> None:
 HA = 'role = "primary"\npartner = "127.0.0.1:7475"\nwitness = "127.0.0.1:7480"\nsecret = "s"\n'
 
 
-def test_serve_with_ha_refuses_to_start_with_one_line(tmp_path: Path) -> None:
+def test_serve_refuses_failover_by_the_witness_with_one_line(tmp_path: Path) -> None:
     config = tmp_path / "broker.toml"
     config.write_text(f'[server]\ndata_dir = "{tmp_path}"\n[ha]\n{HA}')
     result = run("serve", "--port", str(free_port()), "--config", str(config))
     assert result.returncode == 2
-    assert "[ha] is not served yet" in result.stderr
+    assert '[ha] failover = "witness" is not served yet' in result.stderr
     assert result.stderr.strip().count("\n") == 0
 
 
@@ -127,6 +127,8 @@ def test_ha_keys_are_read_with_their_defaults(tmp_path: Path) -> None:
         (HA + "lease = 3.0\nfailure_timeout = 0.5\n", "failure_timeout must be more than"),
         (HA + 'sync = "yes"\n', "ha_sync must be bool"),
         (HA + "ttl = 3\n", "unknown key 'ttl' in [ha]"),
+        (HA + "link_port = 0\n", "ha link_port must be a port (1-65535)"),
+        (HA + 'failover = "auto"\n', 'ha failover must be "witness" or "manual"'),
         ("lease = 0.5\n", "ha role must be"),  # any [ha] key makes the four needed
     ],
 )

@@ -578,7 +578,7 @@ async def test_a_failing_writer_fails_its_waiters_and_propagates(
 ) -> None:
     errors: list[StoreError] = []
 
-    def broken(works: object) -> NoReturn:
+    def broken(*args: object) -> NoReturn:
         raise RuntimeError("writer bug")
 
     async def caller(store: Store) -> None:

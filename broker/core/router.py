@@ -817,6 +817,9 @@ class Broker:
                 "messages": store.messages,
                 "deliveries": store.deliveries,
             }
+            replication = self.store.replication_statistics()
+            if replication is not None:
+                snapshot["ha"] = {"role": "primary", **replication}
         return snapshot
 
 

@@ -74,8 +74,11 @@ class WitnessConnectionClosed(WitnessProtocolError):
     """The other side closed the connection between frames."""
 
 
-def session_key(secret: bytes, broker_nonce: bytes, witness_nonce: bytes) -> bytes:
-    return hmac.digest(secret, b"topiary-witness-1" + broker_nonce + witness_nonce, "sha256")
+def session_key(
+    secret: bytes, broker_nonce: bytes, witness_nonce: bytes, label: bytes = b"topiary-witness-1"
+) -> bytes:
+    """The connection's key; ``label`` keeps the witness' and the replication link's apart."""
+    return hmac.digest(secret, label + broker_nonce + witness_nonce, "sha256")
 
 
 def _mac(key: bytes, direction: str, values: list[Any]) -> bytes:

@@ -35,6 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
 from broker.core import Broker, Session
+from broker.ha.shipping import HELP as HA_HELP
 from broker.histogram import Histogram
 from broker.security.floods import LIMITS
 
@@ -294,6 +295,11 @@ def _table(broker: Broker) -> Iterator[Metric]:
 
 def _store(broker: Broker) -> Iterator[Metric]:
     assert broker.store is not None
+    replication = broker.store.replication_statistics()
+    for name, value in (replication or {}).items():
+        kind, help_text = HA_HELP[name]
+        make = _counter if kind == "counter" else _gauge
+        yield make(f"topiary_ha_{name}", help_text, value)
     store = broker.store.statistics()
     yield _counter(
         "topiary_store_commits", "Store transactions committed.", store.batches_committed

@@ -27,6 +27,14 @@ Cancellation. A caller cancelled while it waits for its commit leaves its operat
 it is committed anyway, or, if the queue closes first without reaching it, not at all. A
 caller cancelled while waiting for room in the queue never enqueued anything.
 
+Settling. ``run`` may return a third value, ``settle``: an async callable whose return
+means the batch may be confirmed (the primary of a hot-spare pair: the standby has it on
+disk too). The batch's outcomes are then delivered by a second task, the settler, once
+``settle()`` returned, while the writer goes on committing the next batches (at most
+``SETTLING_DEPTH`` batches wait to settle; then the writer waits: backpressure). Outcomes
+still go out in commit order: while any batch is settling, later batches queue behind it
+even without a ``settle`` of their own.
+
 Closing. ``aclose`` stops accepting operations, lets the writer commit everything already
 queued within a shielded ``move_on_after(CLEANUP_TIMEOUT)`` and then cancels the nursery the
 writer runs in; whatever is still queued fails.
@@ -57,15 +65,22 @@ __all__ = [
 LAZY_COMMIT_DELAY = 0.05
 #: Seconds that closing the queue may spend committing what is still queued.
 CLEANUP_TIMEOUT = 5.0
+#: Committed batches that may wait to settle (``RunBatch``'s ``settle``) before the writer waits.
+SETTLING_DEPTH = 8
 
 # (ok, value): the value returned, or the exception raised, by one operation.
 Outcome = tuple[bool, Any]
 #: Called with an operation's error (None: it succeeded) once its outcome is known.
 OnDone = Callable[[BaseException | None], None]
-#: The owner's commit of a batch's works: (committed, an outcome per work), or None when
-#: there was nothing to commit. It may append works of its own after the batch's (their
+#: Awaited before a committed batch's outcomes are delivered (see "Settling").
+Settle = Callable[[], Awaitable[None]]
+#: The owner's commit of a batch's works: (committed, an outcome per work[, settle]), or None
+#: when there was nothing to commit. It may append works of its own after the batch's (their
 #: outcomes are ignored) and must not give up on cancellation once the commit has started.
-RunBatch = Callable[[list[Any]], Awaitable[tuple[bool, Sequence[Outcome]] | None]]
+RunBatch = Callable[
+    [list[Any]],
+    Awaitable[tuple[bool, Sequence[Outcome]] | tuple[bool, Sequence[Outcome], Settle] | None],
+]
 
 
 class _Op:
@@ -187,6 +202,11 @@ class GroupCommit:
         self._send, self._receive = trio.open_memory_channel[_Op](max_queued)
         self._closing = False
         self._writer_done = trio.Event()
+        self._settled = trio.Event()  # the settler has delivered everything and stopped
+        self._settling_send, self._settling_receive = trio.open_memory_channel[
+            tuple[list[_Op], Sequence[Outcome], Settle | None]
+        ](SETTLING_DEPTH)
+        self._settling = 0  # batches handed to the settler and not delivered yet
         self._nursery: trio.Nursery | None = None
         self._lazy_wait: trio.CancelScope | None = None  # the writer waiting for company
         self._hurried = False  # someone waits for a lazy operation: commit without waiting
@@ -205,6 +225,7 @@ class GroupCommit:
         """Run the writer in ``nursery``, which ``aclose`` cancels if the writer overstays."""
         self._nursery = nursery
         nursery.start_soon(self._write_loop)
+        nursery.start_soon(self._settle_loop)
 
     async def aclose(self) -> None:
         """Stop taking operations, commit what is queued (bounded, shielded), stop the writer.
@@ -216,7 +237,8 @@ class GroupCommit:
         self._send.close()
         with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
             await self._writer_done.wait()
-        if not self._writer_done.is_set() and self._nursery is not None:
+            await self._settled.wait()
+        if not self._settled.is_set() and self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
     # -- the writer ----------------------------------------------------------------------------
@@ -240,6 +262,32 @@ class GroupCommit:
         finally:
             self._writer_done.set()
             self._fail_queued()
+            self._settling_send.close()
+
+    async def _settle_loop(self) -> None:
+        """Deliver settling batches' outcomes in commit order, each once its settle returned."""
+        try:
+            async for batch, outcomes, settle in self._settling_receive:
+                try:
+                    if settle is not None:
+                        await settle()
+                except BaseException as exc:
+                    why = f"not confirmed: the {self._noun} stopped ({exc!r})"
+                    for op in batch:
+                        op.resolve(False, self._error(why))
+                    self._settling -= 1
+                    raise
+                self._deliver(batch, outcomes)
+                self._settling -= 1
+        finally:
+            self._settled.set()
+            while True:  # (cancelled) what is left was committed but is not confirmed
+                try:
+                    batch, _, _ = self._settling_receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break
+                for op in batch:
+                    op.resolve(False, self._error(f"{self._name}: closed before settling"))
 
     async def _wait_for_company(self, batch: list[_Op]) -> None:
         """``batch`` holds only lazy operations: wait (at most ``LAZY_COMMIT_DELAY``) until an
@@ -287,18 +335,26 @@ class GroupCommit:
             ran = await self._run([op.work for op in batch])
             if ran is None:
                 return
-            committed, outcomes = ran
+            committed, outcomes = ran[0], ran[1]
+            settle = ran[2] if len(ran) > 2 else None  # type: ignore[misc]
         except BaseException as exc:
             for op in batch:
                 op.resolve(False, self._error(f"not committed: the {self._noun} stopped ({exc!r})"))
             raise
-        for op, (ok, value) in zip(batch, outcomes[: len(batch)], strict=True):
-            op.resolve(ok, value)
-            self._failed += not ok
         if committed:
             self._batches += 1
             self._operations += len(batch)
             self._max_batch_seen = max(self._max_batch_seen, len(batch))
+        if settle is None and not self._settling:
+            self._deliver(batch, outcomes)
+            return
+        self._settling += 1  # behind the batches still settling, in commit order
+        await self._settling_send.send((batch, outcomes, settle))
+
+    def _deliver(self, batch: list[_Op], outcomes: Sequence[Outcome]) -> None:
+        for op, (ok, value) in zip(batch, outcomes[: len(batch)], strict=True):
+            op.resolve(ok, value)
+            self._failed += not ok
 
     def _fail_queued(self) -> None:
         while True:

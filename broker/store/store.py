@@ -27,18 +27,18 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import msgpack
 import trio
 
 from broker.histogram import Histogram
 from broker.store.files import lock_directory
-from broker.store.group_commit import GroupCommit, OnDone, Outcome, Pending
+from broker.store.group_commit import GroupCommit, OnDone, Outcome, Pending, Settle
 from broker.store.records import (
     RetainedMessage,
     SessionRecord,
@@ -50,12 +50,24 @@ from broker.store.schema import DB_FILENAME
 from broker.store.sqlite import Append, RowCounts, SqliteBackend, Work
 from broker.store.threads import run_sync_at_once
 
-__all__ = ["MAX_BATCH", "MAX_QUEUED", "Store"]
+__all__ = ["MAX_BATCH", "MAX_QUEUED", "Replication", "Store"]
 
 #: Most operations in one transaction: bounds how long one commit (and a reader behind it) takes.
 MAX_BATCH = 5_000
 #: Operations that may wait for the writer before callers wait for room.
 MAX_QUEUED = 10_000
+
+
+class Replication(Protocol):
+    """What the store asks of a replication stream (``broker.ha.shipping.Shipper``)."""
+
+    def prepare(self, works: list[Work]) -> Any: ...
+
+    def adopt(self, record: Any) -> None: ...
+
+    async def durable(self, record: Any) -> None: ...
+
+    def statistics(self) -> dict[str, int | float]: ...
 
 
 def _raise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
@@ -118,6 +130,8 @@ class Store:
         self._db_size = backend.file_size()
         # Row counts as of the last commit (the backend's own move during a batch).
         self._rows = backend.counts()
+        #: The primary's replication (broker/ha/shipping.py), None for a store of its own.
+        self._replication: Replication | None = None
 
     @classmethod
     @asynccontextmanager
@@ -203,7 +217,9 @@ class Store:
 
     # -- committing ----------------------------------------------------------------------------
 
-    async def _run_batch(self, works: list[Work]) -> tuple[bool, list[Outcome]] | None:
+    async def _run_batch(
+        self, works: list[Work]
+    ) -> tuple[bool, list[Outcome]] | tuple[bool, list[Outcome], Settle] | None:
         """The queue's ``run``: commit ``works`` (plus a sweep when one is due) in one
         transaction in the worker thread; None when there is nothing to do."""
         if math.isfinite(self._sweep_interval) and trio.current_time() >= self._next_sweep:
@@ -211,22 +227,76 @@ class Store:
             works.append(SqliteBackend.sweep)
         if not works:
             return None
-        committed, outcomes, elapsed, size, rows = await run_sync_at_once(
-            self._run_in_thread, works, limiter=self._limiter, borrower=self
+        replication = self._replication
+        committed, outcomes, elapsed, size, rows, record = await run_sync_at_once(
+            self._run_in_thread, works, replication, limiter=self._limiter, borrower=self
         )
         self._last_commit_ms = elapsed * 1000.0
         self.commit_seconds.observe(elapsed)
         self._db_size = size
         self._rows = rows
+        if replication is not None and committed:
+            # No checkpoint before adopt: the record is the newest before anyone can look.
+            replication.adopt(record)
+            # The outcomes go out once the standby has the batch (sync), while the writer
+            # commits the next batches (group_commit.py, "Settling").
+            return committed, outcomes, partial(replication.durable, record)
         return committed, outcomes
 
     def _run_in_thread(
-        self, works: list[Work]
-    ) -> tuple[bool, list[Outcome], float, int, RowCounts]:
+        self, works: list[Work], replication: Replication | None
+    ) -> tuple[bool, list[Outcome], float, int, RowCounts, Any]:
         start = time.perf_counter()
+        record = None
+        if replication is not None:
+            try:
+                record = replication.prepare(works)
+            except StoreError as exc:  # e.g. a fenced primary: nothing of the batch is stored
+                outcomes: list[Outcome] = [(False, exc) for _ in works]
+                return False, outcomes, 0.0, self._db_size, self._rows, None
         committed, outcomes = self._backend.run_batch(works)
         elapsed = time.perf_counter() - start
-        return committed, outcomes, elapsed, self._backend.file_size(), self._backend.counts()
+        size, counts = self._backend.file_size(), self._backend.counts()
+        return committed, outcomes, elapsed, size, counts, record
+
+    # -- replication (broker/ha) ---------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path:
+        """The data directory."""
+        return Path(self._backend.path).parent
+
+    def attach_replication(self, replication: Replication, clock: Callable[[], float]) -> None:
+        """Give every later batch to ``replication`` (``prepare`` in the worker thread before
+        the transaction, ``adopt`` and ``durable`` after the commit, before the batch's
+        outcomes are delivered); ``clock`` stamps the batch's rows (one time per batch, which
+        the record carries, so a standby stores the same values)."""
+        self._backend.clock = clock
+        self._replication = replication
+
+    def replication_statistics(self) -> dict[str, int | float] | None:
+        """The replication's counters (``broker.ha.shipping.HELP``), None when not replicating."""
+        return None if self._replication is None else self._replication.statistics()
+
+    async def read(self, work: Work) -> Any:
+        """Run a read-only ``work`` on the backend in the worker thread."""
+        return await self._read(work)
+
+    async def backup(self, path: Path) -> None:
+        """A consistent copy of the database at ``path`` (SQLite's backup API), taken between
+        two commits: the writer waits for the copy (about a second per GB)."""
+
+        def copy(backend: SqliteBackend) -> None:
+            target = sqlite3.connect(path)
+            try:
+                backend.conn.backup(target)
+                target.execute("PRAGMA journal_mode=DELETE")
+            finally:
+                target.close()
+            with open(path, "rb+") as file:
+                os.fsync(file.fileno())
+
+        await self._read(copy)
 
     async def _read(self, work: Work) -> Any:
         if self._queue.closing:

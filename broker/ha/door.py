@@ -1,0 +1,100 @@
+"""What a standby says to clients: it serves none of them, and names the primary.
+
+A standby's store belongs to the replication stream until it is promoted, so every client
+is refused at its first frame, in its own protocol, with the primary's address: native
+HELLO gets ``ERROR NOT_PRIMARY`` (a server list moves on to the next address), MQTT 5.0
+CONNECT gets CONNACK 0x9C *Use another server* with a Server Reference, MQTT 3.1.1 the
+nearest it has, 0x03 *Server unavailable*. Each connection lives in its own task, bounded
+by ``hello_timeout``; the door never touches the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import trio
+
+from broker.errors import ErrorCode, RemoteProtocolError
+from broker.log import get_logger
+from broker.mqtt import reasons as R
+from broker.mqtt.codec import MqttError, encode
+from broker.mqtt.decoder import Decoder
+from broker.mqtt.packets import ConnAck, Connect
+from broker.net import RECEIVE_SIZE, receive_frame, send_error
+from broker.wire.connection import Connection, Role
+
+__all__ = ["DoorCounters", "StandbyDoor"]
+
+log = get_logger("topiary.ha.door")
+
+
+@dataclass(slots=True)
+class DoorCounters:
+    refused_native: int = 0
+    refused_mqtt: int = 0
+
+
+class StandbyDoor:
+    """Refuses every client with the address of ``primary`` (HOST:PORT)."""
+
+    def __init__(self, primary: str, hello_timeout: float) -> None:
+        self.primary = primary
+        self.hello_timeout = hello_timeout
+        self.counters = DoorCounters()
+
+    async def serve(
+        self,
+        native: list[trio.SocketListener],
+        mqtt: list[trio.SocketListener],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            for listener in native:
+                nursery.start_soon(trio.serve_listeners, self._native, [listener])
+            for listener in mqtt:
+                nursery.start_soon(trio.serve_listeners, self._mqtt, [listener])
+            task_status.started()
+
+    async def _native(self, stream: trio.abc.Stream) -> None:
+        async with stream:
+            proto = Connection(Role.SERVER)
+            with trio.move_on_after(self.hello_timeout):
+                try:
+                    if await receive_frame(proto, stream.receive_some) is None:
+                        return
+                except (RemoteProtocolError, trio.BrokenResourceError):
+                    return
+                self.counters.refused_native += 1
+                why = f"this broker is the standby; the primary is {self.primary}"
+                await send_error(
+                    stream, proto, RemoteProtocolError(ErrorCode.NOT_PRIMARY, why), seconds=0.5
+                )
+
+    async def _mqtt(self, stream: trio.abc.Stream) -> None:
+        async with stream:
+            decoder = Decoder(server=True)
+            with trio.move_on_after(self.hello_timeout):
+                try:
+                    packet = None
+                    while packet is None:
+                        data = await stream.receive_some(RECEIVE_SIZE)
+                        if not data:
+                            return
+                        decoder.receive_data(data)
+                        packet = decoder.next_packet()
+                except (MqttError, trio.BrokenResourceError):
+                    return
+                if not isinstance(packet, Connect):
+                    return
+                self.counters.refused_mqtt += 1
+                if packet.protocol_level == 5:
+                    connack = ConnAck(reason_code=R.USE_ANOTHER_SERVER)
+                    connack.properties.server_reference = self.primary
+                    connack.properties.reason_string = "this broker is the standby"
+                    data = encode(connack, 5)
+                else:
+                    data = encode(ConnAck(reason_code=R.v3_connack_code(R.USE_ANOTHER_SERVER)), 4)
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await stream.send_all(data)

@@ -1,0 +1,290 @@
+"""The standby's side of replication: dial the primary, apply its records, acknowledge them.
+
+The standby holds its store's backend itself (no clients use it: it serves nobody until it
+is promoted, ``docs/ha.md``). It tells the primary its position (term, seq, chain digest);
+the primary continues from there or sends a snapshot first. Each arrival of records is
+applied in ONE transaction through the same ``SqliteBackend`` methods the primary ran
+(``broker.ha.records``), with each record's time, its dedupe-table pruning and, last, the
+new position; the commit is fsynced (``synchronous=FULL``) before ``ACK(seq)`` goes back, so
+an acknowledged record survives a power loss of the standby. Every record's digest is
+checked before it is applied: a mismatch means this store diverged from the primary's; the
+standby disconnects without applying it, and the primary, finding a different digest at
+the standby's seq, sends a snapshot.
+
+A snapshot is written beside the database, fsynced, checked (the position it holds must
+be the one announced), and only then swapped in: until then the old store is intact. A
+database that fails to open (damaged: SQLite's ``quick_check``) is moved aside to
+``topiary.db.damaged-<time>`` and the standby starts empty, so it is rebuilt from a
+snapshot, never served.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from broker.ha.link import LinkError, LinkStream, dial_link, single_link_error
+from broker.ha.records import (
+    BatchClock,
+    Position,
+    chain,
+    decode_record,
+    read_position,
+    rebuild,
+    write_position,
+)
+from broker.log import get_logger
+from broker.store.files import fsync_directory, lock_directory
+from broker.store.records import StoreError
+from broker.store.schema import DB_FILENAME
+from broker.store.sqlite import SqliteBackend, Work
+
+__all__ = ["Follower", "FollowerCounters"]
+
+#: Seconds between the standby's ACKs when nothing new arrives (the primary's sign of life).
+ACK_INTERVAL = 0.25
+#: Most records applied in one transaction.
+MAX_RECORDS_PER_COMMIT = 256
+RETRY_MIN, RETRY_MAX = 0.05, 1.0
+
+log = get_logger("topiary.ha.follower")
+
+
+@dataclass(slots=True)
+class FollowerCounters:
+    connections: int = 0  # sessions with the primary that got past the handshake
+    link_failures: int = 0  # connections that failed or ended (the standby dials again)
+    records_applied: int = 0
+    commits: int = 0
+    bytes_received: int = 0
+    snapshots_installed: int = 0
+    divergences: int = 0  # records whose digest did not follow ours: a snapshot follows
+    damaged_rebuilt: int = 0  # a store that failed to open, moved aside and rebuilt
+
+    def snapshot(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+def _set_time(at: float, backend: SqliteBackend) -> None:
+    backend.clock.now = at  # type: ignore[attr-defined]
+
+
+class Follower:
+    """The standby's replication; ``run`` follows the primary at ``host:port`` until cancelled."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        secret: bytes,
+        *,
+        retention_seconds: float = 0.0,
+        dedup_window: int = 100_000,
+    ) -> None:
+        # Both shape what a record does (pruning, keeping messages): the primary's values.
+        self._options = {"retention_seconds": retention_seconds, "dedup_window": dedup_window}
+        self.directory = Path(data_dir)
+        self.path = self.directory / DB_FILENAME
+        self.secret = secret
+        self.counters = FollowerCounters()
+        self.position = Position()
+        self.connected = False
+        self.last_contact: float | None = None
+        self._backend: SqliteBackend | None = None
+        self._limiter = trio.CapacityLimiter(1)
+        self._changed = trio.Event()
+
+    async def wait_for(self, seq: int) -> None:
+        """Return once records up to ``seq`` are applied (for tests and ``ha status``)."""
+        while self.position.seq < seq:
+            await self._changed.wait()
+
+    async def run(
+        self, host: str, port: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Open the store (rebuilding a damaged one), then follow the primary, dialling again
+        after every failure (backoff up to ``RETRY_MAX``). The store closes on the way out."""
+        lock = lock_directory(self.directory)
+        try:
+            await self._thread(self._open)
+            task_status.started()
+            delay = RETRY_MIN
+            while True:
+                try:
+                    stream = await trio.open_tcp_stream(host, port)
+                except OSError as exc:
+                    log.debug("primary unreachable", address=f"{host}:{port}", reason=str(exc))
+                else:
+                    try:
+                        await self._follow(stream)
+                    except LinkError as exc:
+                        log.warning("replication link lost", reason=str(exc))
+                    finally:
+                        self.connected = False
+                        await trio.aclose_forcefully(stream)
+                    self.counters.link_failures += 1
+                    delay = RETRY_MIN
+                await trio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._thread(self._close)
+            lock.close()
+
+    # -- the store, in the worker thread -------------------------------------------------------
+
+    async def _thread(self, fn: Any, *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    def _open(self) -> None:
+        try:
+            backend = SqliteBackend.open(self.path, **self._options)
+        except StoreError as exc:
+            aside = self.path.with_name(f"{DB_FILENAME}.damaged-{int(time.time())}")
+            log.error("standby store damaged: moved aside, rebuilding", reason=str(exc))
+            for suffix in ("", "-wal", "-shm"):
+                source = Path(f"{self.path}{suffix}")
+                if source.exists():
+                    os.replace(source, f"{aside}{suffix}")
+            self.counters.damaged_rebuilt += 1
+            backend = SqliteBackend.open(self.path, **self._options)
+        backend.clock = BatchClock()
+        self._backend = backend
+        self.position = read_position(backend.conn)
+
+    def _close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+    def _apply(self, records: list[tuple[bytes, bytes]]) -> Position:
+        """Apply ``records`` ((body, digest) pairs) in one transaction; the new position."""
+        backend = self._backend
+        assert backend is not None
+        position = self.position
+        works: list[Work] = []
+        for body, digest in records:
+            term, seq, at, ops = decode_record(body)
+            if seq != position.seq + 1 or term < position.term:
+                raise LinkError(f"record {term}/{seq} does not follow {position.seq}")
+            if chain(position.digest, body) != digest:
+                self.counters.divergences += 1
+                raise LinkError(f"diverged at seq {seq}: our store differs from the primary's")
+            works.append(partial(_set_time, at))
+            works.extend(rebuild(op) for op in ops)
+            works.append(SqliteBackend._prune_published)
+            position = Position(term, seq, digest)
+        works.append(partial(write_position, position))
+        committed, _ = backend.run_batch(works)
+        if not committed:
+            raise LinkError(f"cannot commit records up to {position.seq} on the standby")
+        return position
+
+    def _install(self, snapshot: Path, expected: Position) -> Position:
+        """Swap the received snapshot in for the store (closing and reopening it)."""
+        with snapshot.open("rb+") as file:
+            os.fsync(file.fileno())
+        conn = sqlite3.connect(f"file:{snapshot}?mode=ro", uri=True)
+        try:
+            found = read_position(conn)
+        finally:
+            conn.close()
+        if found != expected:
+            raise LinkError(f"snapshot holds seq {found.seq}, announced {expected.seq}")
+        self._close()
+        for suffix in ("-wal", "-shm"):  # never let an old WAL meet the new file
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+        os.replace(snapshot, self.path)
+        fsync_directory(str(self.directory))
+        self._open()
+        return self.position
+
+    # -- the link ------------------------------------------------------------------------------
+
+    async def _follow(self, stream: trio.abc.Stream) -> None:
+        link = await dial_link(stream, self.secret)
+        p = self.position
+        await link.send(["POSITION", p.term, p.seq, p.digest])
+        self.counters.connections += 1
+        self.connected = True
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._heartbeat, link)
+                await self._receive(link)
+        except BaseExceptionGroup as group:
+            raise single_link_error(group) from None
+
+    async def _heartbeat(self, link: LinkStream) -> None:
+        while True:
+            await trio.sleep(ACK_INTERVAL)
+            await link.send(["ACK", self.position.seq])
+
+    async def _receive(self, link: LinkStream) -> None:
+        while True:
+            message = await link.receive()
+            self.last_contact = trio.current_time()
+            kind = message[0]
+            if kind == "RECORD":
+                records = [_record(message)]
+                while len(records) < MAX_RECORDS_PER_COMMIT:
+                    more = link.receive_buffered()
+                    if more is None:
+                        break
+                    if more[0] != "RECORD":
+                        await self._commit(link, records)
+                        records = []
+                        await self._other(link, more)
+                        break
+                    records.append(_record(more))
+                if records:
+                    await self._commit(link, records)
+            else:
+                await self._other(link, message)
+
+    async def _commit(self, link: LinkStream, records: list[tuple[bytes, bytes]]) -> None:
+        self.counters.bytes_received += sum(len(body) for body, _ in records)
+        self.position = await self._thread(self._apply, records)
+        self.counters.records_applied += len(records)
+        self.counters.commits += 1
+        self._changed.set()
+        self._changed = trio.Event()
+        await link.send(["ACK", self.position.seq])
+
+    async def _other(self, link: LinkStream, message: list[Any]) -> None:
+        if message[0] != "SNAPSHOT" or len(message) != 2 or not isinstance(message[1], int):
+            raise LinkError(f"unexpected {message[0]!r:.40} from the primary")
+        size = message[1]
+        target = self.path.with_name(f"{DB_FILENAME}.incoming")
+        received = 0
+        with target.open("wb") as file:
+            while True:
+                part = await link.receive()
+                if part[0] == "CHUNK" and len(part) == 2 and isinstance(part[1], bytes):
+                    received += len(part[1])
+                    if received > size:
+                        raise LinkError("snapshot longer than announced")
+                    await trio.to_thread.run_sync(file.write, part[1])
+                    continue
+                if part[0] == "SNAPSHOT_END" and len(part) == 4 and received == size:
+                    expected = Position(int(part[1]), int(part[2]), bytes(part[3]))
+                    break
+                raise LinkError(f"bad snapshot frame {part[0]!r:.40} at byte {received}")
+        self.counters.bytes_received += received
+        self.position = await self._thread(self._install, target, expected)
+        self.counters.snapshots_installed += 1
+        log.info("snapshot installed", seq=self.position.seq, size=size)
+        self._changed.set()
+        self._changed = trio.Event()
+        await link.send(["ACK", self.position.seq])
+
+
+def _record(message: list[Any]) -> tuple[bytes, bytes]:
+    if len(message) != 3 or not isinstance(message[1], bytes) or not isinstance(message[2], bytes):
+        raise LinkError("RECORD is [body, digest]")
+    return message[1], message[2]

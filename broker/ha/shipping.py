@@ -1,0 +1,412 @@
+"""The primary's side of replication: every committed batch as a record, shipped in order.
+
+The store's writer (``Store._run_batch``) calls ``prepare`` in its worker thread before the
+transaction (the batch's works described, the record encoded, the new position written by
+the batch's last work), ``adopt`` once it committed, then ``durable``: with ``sync`` that
+waits until the standby acknowledged the record (it acknowledges only what it has
+committed with fsync), so the PUBACKs waiting on the batch go out after both copies are
+durable. Outcomes are delivered in commit order, so waiting per batch keeps the order.
+
+**In sync.** A standby counts once it has been sent every record there is (after a
+snapshot, if it needed one); from then on each batch waits for its ack. A standby that is
+absent, catching up, or silent for ``ack_timeout`` (it is dropped) is not waited for: the
+primary goes on confirming on its own disk alone (``confirms_alone`` counts them) rather
+than stop, as Kafka does with ``min.insync.replicas = 1``. What that loses is in
+docs/ha.md.
+
+**Backlog.** The newest records are kept (at most ``backlog_bytes``) so that a standby
+that reconnects continues from its position; one older than the backlog, new, or whose
+digest at its seq differs from ours (diverged) gets a snapshot (``Store.backup``: a
+consistent copy between two commits) and then the records after it. A standby that falls
+out of the backlog while connected is disconnected and comes back for a snapshot: the
+primary's memory is bounded whatever the standby does.
+
+One standby at a time: a new authenticated connection replaces the old one (a restarted
+standby must not wait for the old socket to time out).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from broker.ha.link import (
+    LinkAuthError,
+    LinkError,
+    LinkStream,
+    accept_link,
+    single_link_error,
+)
+from broker.ha.records import (
+    GENESIS,
+    BatchClock,
+    Position,
+    chain,
+    describe,
+    encode_record,
+    read_position,
+    write_position,
+)
+from broker.log import get_logger
+from broker.store.records import StoreError
+from broker.store.sqlite import Work
+
+if TYPE_CHECKING:
+    from broker.store.store import Store
+
+__all__ = ["BACKLOG_BYTES", "CHUNK_BYTES", "HELP", "Shipper", "ShipperCounters"]
+
+#: Record bytes the primary keeps for standbys that reconnect.
+BACKLOG_BYTES = 64 << 20
+#: Bytes per snapshot frame.
+CHUNK_BYTES = 1 << 20
+#: Seconds a standby has for the handshake and its position.
+HANDSHAKE_TIMEOUT = 10.0
+
+log = get_logger("topiary.ha.shipping")
+
+
+#: What each of ``Shipper.statistics`` is: (kind, help) for /metrics (``topiary_ha_<name>``).
+HELP: dict[str, tuple[str, str]] = {
+    "records": ("counter", "Store batches committed as replication records."),
+    "record_bytes": ("counter", "Bytes of replication records committed."),
+    "records_sent": ("counter", "Records sent to the standby."),
+    "bytes_sent": ("counter", "Record and snapshot bytes sent to the standby."),
+    "snapshots_sent": ("counter", "Snapshots sent to a new, lagging or diverged standby."),
+    "standby_connections": ("counter", "Authenticated standby connections."),
+    "standby_dropped": ("counter", "Standby connections dropped (silent, behind, bad frame)."),
+    "auth_failures": ("counter", "Replication connections without the pair's secret."),
+    "confirms_waited": ("counter", "Batches whose confirmation waited for the standby."),
+    "confirms_alone": ("counter", "Batches confirmed with no standby in sync (sync = true)."),
+    "term": ("gauge", "The term this primary writes in."),
+    "seq": ("gauge", "The seq of the newest record."),
+    "standby_acked_seq": ("gauge", "The newest seq the standby has durably (0: none)."),
+    "lag_records": ("gauge", "Records the standby has not acknowledged."),
+    "lag_bytes": ("gauge", "Bytes of records the standby has not acknowledged."),
+    "in_sync": ("gauge", "1 while a standby is caught up and waited for."),
+    "fenced": ("gauge", "1 when this primary met a newer term and refuses writes."),
+    "seconds_since_contact": ("gauge", "Seconds since the standby was heard (-1: never)."),
+}
+
+
+@dataclass(slots=True)
+class ShipperCounters:
+    records: int = 0  # records committed (batches)
+    record_bytes: int = 0
+    records_sent: int = 0
+    bytes_sent: int = 0
+    snapshots_sent: int = 0
+    standby_connections: int = 0
+    standby_dropped: int = 0  # disconnected: silent, fell out of the backlog, protocol error
+    auth_failures: int = 0
+    confirms_waited: int = 0  # batches whose confirmation waited for the standby's ack
+    confirms_alone: int = 0  # batches confirmed with no standby in sync (sync = true)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    position: Position
+    body: bytes
+
+
+class Shipper:
+    """The primary's replication state; ``attach`` it to a store, ``serve`` the link."""
+
+    def __init__(
+        self,
+        *,
+        term: int,
+        secret: bytes,
+        sync: bool = True,
+        ack_timeout: float = 2.0,
+        backlog_bytes: int = BACKLOG_BYTES,
+    ) -> None:
+        self.term = term
+        self.secret = secret
+        self.sync = sync
+        self.ack_timeout = ack_timeout
+        self.backlog_bytes = backlog_bytes
+        self.counters = ShipperCounters()
+        self.clock = BatchClock()
+        self.position = Position()
+        self._store: Store | None = None
+        self._base = Position()  # the position before the backlog's first record
+        self._origin = Position()  # the position at ``attach``
+        self._backlog: deque[tuple[Position, bytes]] = deque()
+        self._backlog_size = 0
+        self._grew = trio.Event()  # set (and replaced) at every new record
+        self._acked = 0  # the in-sync standby's last acknowledged seq
+        self._in_sync = False
+        self._acks = trio.Event()  # set (and replaced) when _acked or _in_sync changes
+        self._standby: trio.CancelScope | None = None
+        self.last_contact: float | None = None  # trio time the standby was last heard
+        #: Why this primary refuses writes (it met a partner of a newer term), or None.
+        self.fenced: str | None = None
+
+    def statistics(self) -> dict[str, int | float]:
+        """Counters and gauges for STATS and /metrics (``HELP`` says what each is)."""
+        acked = self._acked if self._standby is not None else self.position.seq
+        behind = [body for position, body in self._backlog if position.seq > acked]
+        heard = self.last_contact
+        return {
+            **self.counters.snapshot(),
+            "term": self.term,
+            "seq": self.position.seq,
+            "standby_acked_seq": acked if self._standby is not None else 0,
+            "lag_records": self.position.seq - acked if self._standby is not None else 0,
+            "lag_bytes": sum(len(body) for body in behind),
+            "in_sync": int(self._in_sync),
+            "fenced": int(self.fenced is not None),
+            "seconds_since_contact": -1.0 if heard is None else trio.current_time() - heard,
+        }
+
+    @property
+    def in_sync(self) -> bool:
+        """A standby is connected, caught up, and waited for by confirmations (``sync``)."""
+        return self._in_sync
+
+    # -- the store's hooks ---------------------------------------------------------------------
+
+    async def attach(self, store: Store) -> None:
+        """Ship ``store``'s batches from now on (its position read, its clock replaced)."""
+        position = await store.read(lambda backend: read_position(backend.conn))
+        if position == Position():
+            # Never shipped: whatever the store holds is in no record, so no standby may
+            # continue from it. A random origin for the chain makes every standby take a
+            # snapshot first (it is stored with the first batch).
+            position = Position(self.term, 0, os.urandom(len(GENESIS)))
+        self.position = self._base = self._origin = position
+        self._store = store
+        store.attach_replication(self, self.clock)
+
+    def prepare(self, works: list[Work]) -> _Prepared:
+        """In the writer's worker thread, before the batch: describe it and append the
+        work that stores the new position in the same transaction. A fenced primary raises
+        ``StoreError`` (the store fails the batch: nothing is confirmed)."""
+        if self.fenced is not None:
+            raise StoreError(f"not stored: {self.fenced}")
+        self.clock.now = time.time()
+        seq = self.position.seq + 1
+        body = encode_record(self.term, seq, self.clock.now, [describe(w) for w in works])
+        position = Position(self.term, seq, chain(self.position.digest, body))
+        works.append(partial(write_position, position))
+        return _Prepared(position, body)
+
+    def adopt(self, prepared: _Prepared) -> None:
+        """The batch committed: it is the newest record."""
+        self.position = prepared.position
+        self._backlog.append((prepared.position, prepared.body))
+        self._backlog_size += len(prepared.body)
+        self.counters.records += 1
+        self.counters.record_bytes += len(prepared.body)
+        while self._backlog_size > self.backlog_bytes and len(self._backlog) > 1:
+            self._base, body = self._backlog.popleft()
+            self._backlog_size -= len(body)
+        self._grew.set()
+        self._grew = trio.Event()
+
+    async def durable(self, prepared: _Prepared) -> None:
+        """With ``sync``: return once the in-sync standby acknowledged the record, or at once
+        when no standby is in sync (counted as ``confirms_alone``)."""
+        if not self.sync:
+            return
+        seq = prepared.position.seq
+        if not self._in_sync:
+            self.counters.confirms_alone += 1
+            return
+        self.counters.confirms_waited += 1
+        while self._in_sync and self._acked < seq:
+            await self._acks.wait()
+        if self._acked < seq:
+            self.counters.confirms_alone += 1
+
+    def _acks_changed(self) -> None:
+        self._acks.set()
+        self._acks = trio.Event()
+
+    # -- the link ------------------------------------------------------------------------------
+
+    async def serve(
+        self,
+        listeners: list[trio.SocketListener],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept standbys on ``listeners`` until cancelled."""
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept_loop, listener, nursery)
+            task_status.started()
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        async with listener:
+            while True:
+                stream = await listener.accept()
+                nursery.start_soon(self._serve_standby, stream)
+
+    async def _serve_standby(self, stream: trio.abc.Stream) -> None:
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                link = await accept_link(stream, self.secret)
+                hello = await link.receive()
+            theirs = _position(hello)
+        except (LinkError, trio.TooSlowError) as exc:
+            if isinstance(exc, LinkAuthError):
+                self.counters.auth_failures += 1
+            log.warning("standby refused", reason=str(exc))
+            await trio.aclose_forcefully(stream)
+            return
+        if theirs.term > self.term:
+            # The partner served a newer term: this broker was replaced and must not write.
+            self.fenced = f"replaced: the partner is in term {theirs.term}, we in {self.term}"
+            log.error("fenced", reason=self.fenced)
+            await link.aclose()
+            return
+        if self._standby is not None:
+            self._standby.cancel()  # the newest connection of the standby wins
+        scope = trio.CancelScope()
+        self._standby = scope
+        self.counters.standby_connections += 1
+        self.last_contact = trio.current_time()
+        log.info("standby connected", term=theirs.term, seq=theirs.seq, ours=self.position.seq)
+        try:
+            with scope:
+                await self._stream_to(link, theirs)
+        except LinkError as exc:
+            self.counters.standby_dropped += 1
+            log.warning("standby dropped", reason=str(exc))
+        finally:
+            if self._standby is scope:
+                self._standby = None
+                if self._in_sync:
+                    self._in_sync = False
+                    self._acks_changed()
+            await link.aclose()
+
+    def _continues(self, theirs: Position) -> bool:
+        """Whether the backlog continues ``theirs`` (same seq, same digest)."""
+        if theirs.seq == self._base.seq:
+            return theirs.digest == self._base.digest
+        if theirs.seq == self.position.seq:
+            return theirs.digest == self.position.digest
+        index = theirs.seq - self._base.seq - 1
+        return 0 <= index < len(self._backlog) and self._backlog[index][0].digest == theirs.digest
+
+    async def _stream_to(self, link: LinkStream, theirs: Position) -> None:
+        if self._continues(theirs):
+            cursor = theirs.seq
+        else:
+            why = "new" if theirs.seq == 0 and theirs.digest == GENESIS else "behind or diverged"
+            log.info("sending a snapshot", standby_seq=theirs.seq, why=why)
+            cursor = await self._send_snapshot(link)
+        self._acked = cursor
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._receive_acks, link)
+                await self._send_records(link, cursor)
+        except BaseExceptionGroup as group:
+            raise single_link_error(group) from None
+
+    async def _send_records(self, link: LinkStream, cursor: int) -> None:
+        """Every record after ``cursor``, as they come, until the link fails."""
+        while True:
+            if cursor < self._base.seq:
+                raise LinkError(f"the standby fell out of the backlog (at seq {cursor})")
+            if cursor >= self.position.seq:
+                if not self._in_sync:
+                    self._in_sync = True
+                    self._acks_changed()
+                    log.info("standby in sync", seq=cursor)
+                await self._grew.wait()
+                continue
+            position, body = self._backlog[cursor - self._base.seq]
+            await link.send(["RECORD", body, position.digest])
+            cursor = position.seq
+            self.counters.records_sent += 1
+            self.counters.bytes_sent += len(body)
+
+    async def _receive_acks(self, link: LinkStream) -> None:
+        while True:
+            with trio.move_on_after(self.ack_timeout) as waiting:
+                message = await link.receive()
+            if waiting.cancelled_caught:
+                raise LinkError(f"no word from the standby for {self.ack_timeout} s")
+            self.last_contact = trio.current_time()
+            if message[0] != "ACK" or len(message) != 2 or not isinstance(message[1], int):
+                raise LinkError(f"expected ACK, got {message[0]!r:.40}")
+            if message[1] > self.position.seq:
+                raise LinkError(f"ACK of seq {message[1]} that was never sent")
+            if message[1] > self._acked:
+                self._acked = message[1]
+                self._acks_changed()
+
+    async def _send_snapshot(self, link: LinkStream) -> int:
+        """A consistent copy of the store, in chunks; the seq it holds."""
+        assert self._store is not None
+        store = self._store
+        handle, name = tempfile.mkstemp(prefix="ha-snapshot-", dir=store.directory)
+        os.close(handle)
+        path = Path(name)
+        try:
+            await store.backup(path)
+            position = await trio.to_thread.run_sync(_snapshot_position, path, self._origin)
+            size = path.stat().st_size
+            await link.send(["SNAPSHOT", size])
+            with path.open("rb") as file:
+                while chunk := await trio.to_thread.run_sync(file.read, CHUNK_BYTES):
+                    await link.send(["CHUNK", chunk])
+                    self.counters.bytes_sent += len(chunk)
+            await link.send(["SNAPSHOT_END", position.term, position.seq, position.digest])
+        finally:
+            path.unlink(missing_ok=True)
+        self.counters.snapshots_sent += 1
+        return position.seq
+
+
+def _position(message: list[Any]) -> Position:
+    if (
+        message[0] != "POSITION"
+        or len(message) != 4
+        or not isinstance(message[1], int)
+        or not isinstance(message[2], int)
+        or not isinstance(message[3], bytes)
+    ):
+        raise LinkError(f"expected POSITION, got {message[0]!r:.40}")
+    return Position(message[1], message[2], message[3])
+
+
+def _snapshot_position(path: Path, origin: Position) -> Position:
+    """The position a snapshot holds; one taken before the first batch since ``attach``
+    holds none, and is given the chain's origin (the state the first record follows)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        position = read_position(conn)
+        if position == Position():
+            conn.execute("BEGIN")
+            write_position(origin, _Conn(conn))  # type: ignore[arg-type]
+            conn.execute("COMMIT")
+            position = origin
+        return position
+    finally:
+        conn.close()
+
+
+class _Conn:
+    """Enough of a backend for ``write_position``."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
