@@ -129,9 +129,11 @@ class Client:
         self.failovers = 0  # reconnects that went to another server than the one lost
         self.reconnect_timeout = reconnect_timeout
         self._in_flight = InFlight(max_in_flight)
-        # Message ids for confirmed publishes that have none: unique to this client, so a
-        # copy sent again after a reconnect is recognised by the broker's duplicate window.
-        self._msg_id_prefix = f"{secrets.token_urlsafe(9)}-"
+        # Message ids for confirmed publishes that have none, when they may be sent again
+        # (``reconnect``): unique to this client, so a copy sent again after a reconnect is
+        # recognised by the broker's duplicate window. Without reconnects nothing is sent
+        # twice, and an id would only cost the broker a row in its duplicate filter.
+        self._msg_id_prefix = f"{secrets.token_urlsafe(9)}-" if reconnect else None
         self._msg_ids = itertools.count(1)
         self._ids = itertools.count(1)
         self._stream: trio.abc.Stream | None = None
@@ -457,11 +459,12 @@ class Client:
     ) -> None:
         """Publish; with ``confirm`` wait for the broker's PUBACK (BrokerError if refused).
 
-        A confirmed publish without a ``msg_id`` is given one by the client (the message's
-        id for its subscribers too): a copy sent again after a reconnect is then dropped by
-        a broker that has it. ``retain`` makes it the retained message of its topic, sent
-        to every later subscription that matches it (an empty payload deletes the topic's
-        instead); with ``confirm`` the PUBACK comes once that is stored."""
+        With ``reconnect``, a confirmed publish without a ``msg_id`` is given one by the
+        client (the message's id for its subscribers too): a copy sent again after a
+        reconnect is then dropped by a broker that has it. ``retain`` makes it the retained
+        message of its topic, sent to every later subscription that matches it (an empty
+        payload deletes the topic's instead); with ``confirm`` the PUBACK comes once that is
+        stored."""
         routing.validate_topic(topic)
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         if headers is not None and not all(
@@ -473,7 +476,7 @@ class Client:
         ):
             raise ValueError(f"msg_id must be a str of at most {MAX_MSG_ID_BYTES} bytes")
         if confirm:
-            if msg_id is None:
+            if msg_id is None and self._msg_id_prefix is not None:
                 msg_id = f"{self._msg_id_prefix}{next(self._msg_ids)}"
             in_flight = self._in_flight
             await in_flight.acquire()
@@ -512,7 +515,7 @@ class Client:
         topic: str,
         data: bytes,
         headers: dict[str, str] | None,
-        msg_id: str,
+        msg_id: str | None,
         retain: bool,
     ) -> None:
         """The confirmed half of ``publish``, once it has its place in flight."""
@@ -521,7 +524,8 @@ class Client:
         wire: dict[str, Any] = {"type": "PUB", "topic": topic, "payload": data}
         if headers is not None:
             wire["headers"] = headers
-        wire["msg_id"] = msg_id
+        if msg_id is not None:
+            wire["msg_id"] = msg_id
         if retain:
             wire["retain"] = True
         request_id = next(self._ids)
@@ -565,11 +569,10 @@ class Client:
         and wait for every PUBACK: one round trip for the batch, not one per message.
 
         Returns, in order, ``None`` for each confirmed message or the broker's refusal.
-        A message without a ``msg_id`` is given one, as by ``publish``. With
-        ``reconnect=True`` unconfirmed PUBs are sent again after a reconnect (the broker
-        drops the ones it already had); otherwise a lost connection raises
-        ConnectionLost. A batch larger than the in-flight limit is sent as PUBACKs make
-        room.
+        With ``reconnect=True`` a message without a ``msg_id`` is given one, as by
+        ``publish``, and unconfirmed PUBs are sent again after a reconnect (the broker drops
+        the ones it already had); otherwise a lost connection raises ConnectionLost. A
+        batch larger than the in-flight limit is sent as PUBACKs make room.
         """
         for topic, _payload, msg_id in messages:
             routing.validate_topic(topic)
@@ -591,13 +594,16 @@ class Client:
                 else:
                     in_flight.count += 1
                 request_id = next(ids)
+                if msg_id is None and self._msg_id_prefix is not None:
+                    msg_id = f"{self._msg_id_prefix}{next(self._msg_ids)}"
                 wire: dict[str, Any] = {
                     "type": "PUB",
                     "topic": topic,
                     "payload": payload,
-                    "msg_id": msg_id or f"{self._msg_id_prefix}{next(self._msg_ids)}",
                     "id": request_id,
                 }
+                if msg_id is not None:
+                    wire["msg_id"] = msg_id
                 body = _packb(wire)
                 raw = len(body).to_bytes(4, "big") + body
                 waiters[request_id] = BatchPart(batch, index, raw)
