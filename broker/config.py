@@ -204,6 +204,15 @@ class BrokerConfig:
         return self.ha_link_port if self.ha_link_port is not None else self.port + 1
 
     @property
+    def ha_partner_link(self) -> int:
+        """The port the standby dials on the partner: ``link_port`` when set (the pair shares
+        it), else the partner's server port + 1 (as the partner's own default)."""
+        if self.ha_link_port is not None:
+            return self.ha_link_port
+        partner = parse_host_port(self.ha_partner or "")
+        return (partner[1] if partner is not None else self.port) + 1
+
+    @property
     def ha_configured(self) -> bool:
         """True when any [ha] key is set (then all of role, partner, witness, secret are)."""
         return any(getattr(self, name) != default for name, default in _HA_DEFAULTS.items())
