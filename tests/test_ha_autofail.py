@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.client import connect
+from broker.client import BrokerError, ConnectionLost, connect
 from tests.test_cli import TOPIARY, free_port, wait_listening
 from tests.test_ha_pair import _until
 
@@ -139,3 +139,74 @@ def test_kill_9_of_the_primary_the_witness_promotes_the_standby_and_nothing_conf
         assert len(confirmed) == sum(sent)  # every publisher got through, on the standby
 
     trio.run(main)
+
+
+def test_a_primary_stopped_past_the_failure_timeout_finds_it_was_replaced_and_accepts_no_writes(
+    nodes: list[Node], witness: str
+) -> None:
+    a, b = nodes
+
+    async def main() -> None:
+        a.start("primary", b, witness)
+        b.start("standby", a, witness)
+        await _until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+        async with connect(a.address) as old:
+            await old.publish("ha/t", "before", confirm=True)
+            assert a.proc is not None
+            a.proc.send_signal(signal.SIGSTOP)
+            try:
+                await _until(lambda: b.logged("promoted by the witness") == 1, "promoted", 30)
+                with trio.fail_after(5):  # queued in the socket while a is stopped
+                    sent = old.publish("ha/t", "while-replaced", confirm=True)
+                    a.proc.send_signal(signal.SIGCONT)
+                    with pytest.raises((BrokerError, ConnectionLost)):
+                        await sent
+            finally:
+                a.proc.send_signal(signal.SIGCONT)
+        await _until(lambda: a.logged("stepped down") == 1, "stepped down", 30)
+        with pytest.raises(BrokerError) as refused:  # a follows b now: its door refuses
+            async with connect(a.address):
+                pass
+        assert refused.value.code == "NOT_PRIMARY"
+        async with connect([a.address, b.address]) as c:
+            await c.publish("ha/t", "after", confirm=True)  # b writes
+
+    trio.run(main)
+
+
+def test_the_witness_lost_changes_nothing_while_both_brokers_are_healthy(
+    nodes: list[Node], tmp_path: Path
+) -> None:
+    a, b = nodes
+    port = free_port()
+    witness = subprocess.Popen(
+        [*TOPIARY, "witness", "--port", str(port), "--data-dir", str(tmp_path / "witness"),
+         "--secret", SECRET],
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_listening(port, witness)
+
+    async def main() -> None:
+        a.start("primary", b, f"127.0.0.1:{port}")
+        b.start("standby", a, f"127.0.0.1:{port}")
+        await _until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+        witness.kill()
+        witness.wait(timeout=10)
+        async with connect(a.address) as c:
+            # Three leases pass without the witness (what is tested is that passage of
+            # time): the standby's acknowledgements keep the primary writing.
+            deadline = trio.current_time() + 3.0
+            count = 0
+            while trio.current_time() < deadline:
+                await c.publish("ha/t", f"m{count}", confirm=True)
+                count += 1
+                await trio.sleep(0.05)
+            assert count > 10
+        assert a.logged("fenced") == 0 and a.logged("stepped down") == 0
+        assert b.logged("candidate") == 0 and b.logged("promoted") == 0
+
+    try:
+        trio.run(main)
+    finally:
+        witness.kill()
+        witness.wait(timeout=10)

@@ -262,6 +262,8 @@ class Follower:
                     raise LinkError("BEAT is [term, n]")
                 self._beat = message[2]
                 self._contact(message[1])
+                if self.gate is not None:  # answered at once: the primary's trust in us
+                    await self._ack(link)  # lasts failure_timeout from the BEAT's sending
                 continue
             if kind == "RECORD":
                 records = [_record(message)]
