@@ -5,16 +5,18 @@ witness with no signal, and the durable session on it holds every confirmed mess
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 
 from broker.client import BrokerError, ConnectionLost, connect
-from tests.test_cli import TOPIARY, free_port, wait_listening
+from tests.test_cli import TOPIARY, free_port, run, wait_listening
 from tests.test_ha_pair import _until
 
 PUBLISHERS = 4
@@ -204,6 +206,18 @@ def test_the_witness_lost_changes_nothing_while_both_brokers_are_healthy(
             assert count > 10
         assert a.logged("fenced") == 0 and a.logged("stepped down") == 0
         assert b.logged("candidate") == 0 and b.logged("promoted") == 0
+        status = await trio.to_thread.run_sync(
+            partial(run, "ha", "status", "--server", f"{a.address},{b.address}")
+        )
+        assert status.returncode == 0, status.stderr
+        primary, standby = (json.loads(line) for line in status.stdout.splitlines())
+        assert primary["server"] == a.address and primary["role"] == "primary"
+        assert primary["ha_term"] == 1 and primary["fenced"] is False
+        assert primary["in_sync"] == 1 and primary["lag_records"] >= 0
+        assert primary["seconds_since_witness"] > 2.0  # the witness is gone
+        assert standby["server"] == b.address and standby["role"] == "standby"
+        assert standby["ha_term"] == 1 and standby["election"] == "standby"
+        assert standby["connected"] == "yes" and standby["seq"] >= 0
 
     try:
         trio.run(main)

@@ -258,10 +258,7 @@ class Follower:
             self.last_contact = trio.current_time()
             kind = message[0]
             if kind == "BEAT":
-                if len(message) != 3 or not all(isinstance(v, int) for v in message[1:]):
-                    raise LinkError("BEAT is [term, n]")
-                self._beat = message[2]
-                self._contact(message[1])
+                self._heard_beat(message)
                 if self.gate is not None:  # answered at once: the primary's trust in us
                     await self._ack(link)  # lasts failure_timeout from the BEAT's sending
                 continue
@@ -271,6 +268,9 @@ class Follower:
                     more = link.receive_buffered()
                     if more is None:
                         break
+                    if more[0] == "BEAT":  # (the ACK after the commit names it)
+                        self._heard_beat(more)
+                        continue
                     if more[0] != "RECORD":
                         await self._commit(link, records)
                         records = []
@@ -281,6 +281,12 @@ class Follower:
                     await self._commit(link, records)
             else:
                 await self._other(link, message)
+
+    def _heard_beat(self, message: list[Any]) -> None:
+        if len(message) != 3 or not all(isinstance(v, int) for v in message[1:]):
+            raise LinkError("BEAT is [term, n]")
+        self._beat = message[2]
+        self._contact(message[1])
 
     async def _commit(self, link: LinkStream, records: list[tuple[bytes, bytes]]) -> None:
         self.counters.bytes_received += sum(len(body) for body, _ in records)

@@ -11,6 +11,7 @@ stopped it (or cut it off) first (docs/ha.md).
 from __future__ import annotations
 
 import signal
+from functools import partial
 
 import trio
 
@@ -42,7 +43,7 @@ async def standby_until_promoted(
         config.data_dir, config.ha_secret.encode(), dedup_window=config.dedup_window
     )
     follower.gate = elector
-    door = StandbyDoor(config.ha_partner, config.hello_timeout)
+    door = StandbyDoor(config.ha_partner, config.hello_timeout, partial(_state, follower, elector))
     native = await trio.open_tcp_listeners(config.port, host=config.host)
     mqtt = []
     if config.mqtt_listen is not None:
@@ -74,6 +75,22 @@ async def standby_until_promoted(
     term = follower.position.term + 1
     log.warning("promoted by the operator", term=term, seq=follower.position.seq)
     return term
+
+
+def _state(follower: Follower, elector: Elector | None) -> str:
+    """The standby's state as ``key=value`` words (its NOT_PRIMARY refusals carry them)."""
+    heard = follower.last_contact
+    since = -1.0 if heard is None else round(trio.current_time() - heard, 3)
+    words = [
+        f"seq={follower.position.seq}",
+        f"connected={'yes' if follower.connected else 'no'}",
+        f"seconds_since_contact={since}",
+    ]
+    if elector is not None:
+        stats = elector.statistics()
+        words[:0] = [f"ha_term={elector.term}", f"election={stats['role']}"]
+        words.append(f"seconds_since_witness={round(float(stats['seconds_since_witness']), 3)}")
+    return " ".join(words)
 
 
 async def _promoted_or_stopped(elector: Elector, handle_signals: bool) -> bool:
