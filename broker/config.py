@@ -98,7 +98,7 @@ key, never a traceback and never a silently ignored typo.
     lease = 1.0                    # seconds the witness' lease lasts (renewed every lease/3)
     failure_timeout = 0.6          # seconds of silence before the standby asks for a vote
     link_port = 7475               # the replication link (default: server port + 1)
-    failover = "manual"            # "witness" (the design; not served yet) or "manual"
+    failover = "witness"           # (default) or "manual": SIGUSR1 promotes the standby
 """
 
 from __future__ import annotations
