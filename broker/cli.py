@@ -285,7 +285,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tls_arguments(drop)
     drop.add_argument("client_id", metavar="ID")
 
-    for client_command in (pub, sub, stats, routes, sessions, drop):
+    ha = commands.add_parser("ha", help="hot-spare pair commands (docs/ha.md)")
+    ha_commands = ha.add_subparsers(dest="ha_command", required=True, metavar="COMMAND")
+    ha_status = ha_commands.add_parser(
+        "status",
+        help="each listed broker's role, term, replication lag, last contact and fencing",
+    )
+    _add_server_argument(ha_status)
+    _add_tls_arguments(ha_status)
+
+    for client_command in (pub, sub, stats, routes, sessions, drop, ha_status):
         _add_login_arguments(client_command)
 
     passwd = commands.add_parser(
@@ -392,6 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_print_query, args, args.command)
         if args.command == "sessions":  # a list in the broker's order (by client id)
             return trio.run(partial(_print_query, args, "sessions", sort_keys=False))
+        if args.command == "ha":
+            prog = "topiary ha status"
+            return trio.run(_ha_status, args)
         if args.command == "session":
             prog = "topiary session drop"
             return trio.run(_session_drop, args)
@@ -664,6 +676,66 @@ async def _print_query(args: argparse.Namespace, query: str, *, sort_keys: bool 
         answer = await getattr(client, query)()
     print(json.dumps(answer, indent=2, sort_keys=sort_keys))
     return 0
+
+
+#: What ``topiary ha status`` shows of a primary's STATS ``ha`` section, in this order.
+HA_STATUS_KEYS = (
+    "role", "ha_term", "seq", "lag_records", "lag_bytes", "in_sync",
+    "seconds_since_contact", "seconds_since_witness", "lease_left", "fenced_seconds",
+)  # fmt: skip
+
+
+async def _ha_status(args: argparse.Namespace) -> int:
+    """``topiary ha status``: one JSON line per listed broker. A primary answers STATS (its
+    ``ha`` section); a standby refuses clients with NOT_PRIMARY, and its refusal carries
+    its state (docs/ha.md). Status 1 when no broker answered."""
+    from broker.client import BrokerError, connect
+
+    _quiet_logs()
+    options = {"tls": _tls(args), **args.login}
+    answered = 0
+    for host, port in parse_servers(args.server):
+        server = f"{host}:{port}"
+        line: dict[str, Any] = {"server": server}
+        try:
+            with trio.fail_after(10):
+                async with connect((host, port), **options) as client:
+                    stats = await client.stats()
+            ha = stats.get("ha")
+            if ha is None:
+                line["role"] = "single"
+            else:
+                line.update({key: ha[key] for key in HA_STATUS_KEYS if key in ha})
+                line["fenced"] = ha.get("role") == "fenced" or bool(ha.get("fenced"))
+            answered += 1
+        except BrokerError as exc:
+            if exc.code != "NOT_PRIMARY":
+                line["error"] = f"{exc.code}: {exc.text}"
+            else:
+                line["role"] = "standby"
+                line.update(_standby_state(exc.text))
+                answered += 1
+        except (OSError, trio.TooSlowError) as exc:
+            line["error"] = f"unreachable: {exc}"
+        print(json.dumps(line))
+    return 0 if answered else EXIT_FAILURE
+
+
+def _standby_state(text: str) -> dict[str, Any]:
+    """The ``key=value`` words a standby's NOT_PRIMARY text carries (numbers as numbers)."""
+    state: dict[str, Any] = {}
+    for word in text.replace(";", " ").replace(",", " ").split():
+        key, sep, value = word.partition("=")
+        if not sep:
+            continue
+        try:
+            state[key] = int(value)
+        except ValueError:
+            try:
+                state[key] = float(value)
+            except ValueError:
+                state[key] = value
+    return state
 
 
 async def _session_drop(args: argparse.Namespace) -> int:

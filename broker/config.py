@@ -98,7 +98,7 @@ key, never a traceback and never a silently ignored typo.
     lease = 1.0                    # seconds the witness' lease lasts (renewed every lease/3)
     failure_timeout = 0.6          # seconds of silence before the standby asks for a vote
     link_port = 7475               # the replication link (default: server port + 1)
-    failover = "manual"            # "witness" (the design; not served yet) or "manual"
+    failover = "witness"           # (default) or "manual": SIGUSR1 promotes the standby
 """
 
 from __future__ import annotations
@@ -202,6 +202,15 @@ class BrokerConfig:
     def ha_link(self) -> int:
         """The replication link's port: ``[ha] link_port``, else the server port + 1."""
         return self.ha_link_port if self.ha_link_port is not None else self.port + 1
+
+    @property
+    def ha_partner_link(self) -> int:
+        """The port the standby dials on the partner: ``link_port`` when set (the pair shares
+        it), else the partner's server port + 1 (as the partner's own default)."""
+        if self.ha_link_port is not None:
+            return self.ha_link_port
+        partner = parse_host_port(self.ha_partner or "")
+        return (partner[1] if partner is not None else self.port) + 1
 
     @property
     def ha_configured(self) -> bool:

@@ -61,6 +61,7 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "RATE_LIMITED"
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     NOT_PRIMARY = "NOT_PRIMARY"
+    FENCED = "FENCED"
     INTERNAL = "INTERNAL"
 
     @property
@@ -107,6 +108,7 @@ CLOSES_CONNECTION: Mapping[ErrorCode, bool] = MappingProxyType(
         _C.RATE_LIMITED: False,
         _C.LIMIT_EXCEEDED: False,
         _C.NOT_PRIMARY: True,
+        _C.FENCED: True,
         _C.INTERNAL: True,
     }
 )
@@ -203,6 +205,11 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
         _C.NOT_PRIMARY: (
             "HELLO reached the standby of a hot-spare pair, which serves no clients; the text "
             "names the primary's address (docs/ha.md). Connect there (a server list does)."
+        ),
+        _C.FENCED: (
+            "A confirmed PUB reached a hot-spare primary that may not write now (it has lost "
+            "both the witness and its standby, or was replaced): not routed, not stored; "
+            "`ref` names it. The connection closes so that a server list moves on."
         ),
         _C.INTERNAL: (
             "A bug or unexpected failure on the sender's side (for a PUB: it could not be "

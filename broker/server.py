@@ -22,9 +22,11 @@ from typing import Any
 import trio
 
 from broker.address import parse_listen
-from broker.config import BrokerConfig, ConfigError
+from broker.config import BrokerConfig
 from broker.core import Broker
+from broker.ha.elector import Elector
 from broker.ha.pair import standby_until_promoted, start_shipping
+from broker.ha.timing import Timing
 from broker.http import HttpServer, broker_routes
 from broker.log import get_logger
 from broker.mesh import Peering
@@ -192,23 +194,62 @@ async def run_broker(
     durable sessions in it; the store is closed (its last batch flushed) after the last
     connection has gone. A broker serving MQTT without a data dir keeps its store in a
     temporary directory for the run (MQTT clients expect persistent sessions).
-    With [ha] (only ``failover = "manual"``: promotion by the witness is not built, and a
-    config asking for it is refused with ConfigError) a standby follows its primary and
-    refuses clients until SIGUSR1 promotes it; a primary ships its store to its standby
-    (broker/ha/pair.py, docs/ha.md).
+    With [ha] a standby follows its primary and refuses clients until promoted, and a
+    primary ships its store to its standby (broker/ha/pair.py, docs/ha.md). With
+    ``failover = "witness"`` one ``Elector`` task lives as long as the process and decides
+    the role: a primary that steps down (a newer term) stops serving and follows the new
+    primary, and is promoted again by a later vote; with ``"manual"`` SIGUSR1 promotes.
     """
-    term: int | None = None
-    if config.ha_configured:
-        if config.ha_failover != "manual":
-            raise ConfigError(
-                '[ha] failover = "witness" is not served yet: the replication link is built but '
-                'promotion by the witness is not; set failover = "manual" (docs/ha.md) or '
-                "remove [ha] to run a single broker"
-            )
+    if not config.ha_configured:
+        await _serve(config, broker, handle_signals, None, None, task_status)
+        return
+    if config.ha_failover == "manual":
+        term: int | None = None
         if config.ha_role == "standby":
             term = await standby_until_promoted(config, handle_signals=handle_signals)
             if term is None:
                 return
+        await _serve(config, broker, handle_signals, term, None, task_status)
+        return
+    assert config.data_dir is not None and config.ha_witness is not None
+    assert config.ha_secret is not None and config.ha_role is not None
+    elector = Elector(
+        config.data_dir,
+        witness=config.ha_witness,
+        secret=config.ha_secret.encode(),
+        timing=Timing(config.ha_lease, config.ha_failure_timeout),
+        role_at_first_start=config.ha_role,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(elector.run)
+        status: trio.TaskStatus[Server] = task_status
+        while True:
+            if not elector.is_primary:
+                promoted = await standby_until_promoted(
+                    config, handle_signals=handle_signals, elector=elector
+                )
+                if promoted is None:
+                    break
+            term = elector.term
+            stepped_down = await _serve(config, broker, handle_signals, term, elector, status)
+            status, broker = trio.TASK_STATUS_IGNORED, None  # the next phase has its own
+            if not stepped_down:
+                break
+            log.warning("stepped down: following the new primary", term=elector.term)
+        nursery.cancel_scope.cancel()
+
+
+async def _serve(
+    config: BrokerConfig,
+    broker: Broker | None,
+    handle_signals: bool,
+    term: int | None,
+    elector: Elector | None,
+    task_status: trio.TaskStatus[Server],
+) -> bool:
+    """Serve clients as a single broker or a primary (of ``term``); True when it stopped
+    because ``elector`` stepped down (then the caller follows the new primary)."""
+    stepped_down = False
     async with AsyncExitStack() as stack:
         store = None
         data_dir = config.data_dir
@@ -225,8 +266,11 @@ async def run_broker(
             )
         shipper = None
         if config.ha_configured and store is not None:  # before anything is written
-            shipper = await start_shipping(config, store, term)
+            shipper = await start_shipping(config, store, term, elector)
         broker = broker or Broker(config, store=store)
+        if elector is not None:
+            broker.write_refusal = elector.refusal
+            broker.ha_statistics = elector.statistics
         if not isinstance(broker.peering, Peering):
             broker.peering = Peering(broker)
         acl = None
@@ -297,6 +341,18 @@ async def run_broker(
                 )
             )
             task_status.started(server)
+            watch = trio.CancelScope()
+            if elector is not None:
+
+                async def step_down_watch() -> None:
+                    nonlocal stepped_down
+                    with watch:
+                        while elector.is_primary:
+                            await elector.wait_changed()
+                        stepped_down = True
+                        server.shutdown()
+
+                nursery.start_soon(step_down_watch)
             await server._shutdown.wait()
             signals.cancel()
             reloads.cancel()
@@ -306,8 +362,10 @@ async def run_broker(
             operators.cancel()  # the HTTP port answers until the last client has gone
             timers.cancel()
             link.cancel()
+            watch.cancel()
             if acl is not None:
                 acl.close()  # its queued store removals are written, then its task ends
+    return stepped_down
 
 
 def _serves_mqtt(config: BrokerConfig) -> bool:

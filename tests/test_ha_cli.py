@@ -98,12 +98,13 @@ def test_a_config_without_the_secret_is_a_usage_error(tmp_path: Path) -> None:
 HA = 'role = "primary"\npartner = "127.0.0.1:7475"\nwitness = "127.0.0.1:7480"\nsecret = "s"\n'
 
 
-def test_serve_refuses_failover_by_the_witness_with_one_line(tmp_path: Path) -> None:
+def test_serve_with_a_corrupt_ha_term_file_stops_with_one_line(tmp_path: Path) -> None:
     config = tmp_path / "broker.toml"
     config.write_text(f'[server]\ndata_dir = "{tmp_path}"\n[ha]\n{HA}')
+    (tmp_path / "ha-term").write_text('{"me": "b-1", "term": 3, "primary": null, "crc32": 1}\n')
     result = run("serve", "--port", str(free_port()), "--config", str(config))
     assert result.returncode == 2
-    assert '[ha] failover = "witness" is not served yet' in result.stderr
+    assert "ha-term: corrupt" in result.stderr
     assert result.stderr.strip().count("\n") == 0
 
 

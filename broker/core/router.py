@@ -27,6 +27,7 @@ import heapq
 import itertools
 import os
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -126,6 +127,11 @@ class Broker:
         self.frontends: dict[str, Any] = {}
         # The peer mesh, once the broker is served with one (broker.server attaches it).
         self.peering: Mesh = NullMesh()
+        #: The hot-spare election (broker/ha/elector.py), when failover is by the witness:
+        #: ``write_refusal()`` says why a confirmed write is refused now (None: allowed),
+        #: ``ha_statistics()`` is merged into STATS' ``ha`` section.
+        self.write_refusal: Callable[[], str | None] | None = None
+        self.ha_statistics: Callable[[], dict[str, Any]] | None = None
         # The last report of each bridge (reports.py): in the table, in no registry, and
         # subscribed before any mesh exists, so it is not mirrored to peers.
         self.reports = Reports(self.limits, self.counters)
@@ -820,6 +826,8 @@ class Broker:
             replication = self.store.replication_statistics()
             if replication is not None:
                 snapshot["ha"] = {"role": "primary", **replication}
+                if self.ha_statistics is not None:
+                    snapshot["ha"].update(self.ha_statistics())
         return snapshot
 
 

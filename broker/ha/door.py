@@ -11,6 +11,7 @@ by ``hello_timeout``; the door never touches the store.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -38,10 +39,15 @@ class DoorCounters:
 class StandbyDoor:
     """Refuses every client with the address of ``primary`` (HOST:PORT)."""
 
-    def __init__(self, primary: str, hello_timeout: float) -> None:
+    def __init__(
+        self, primary: str, hello_timeout: float, status: Callable[[], str] | None = None
+    ) -> None:
         self.primary = primary
         self.hello_timeout = hello_timeout
         self.counters = DoorCounters()
+        #: ``key=value`` words on the standby's state, added to NOT_PRIMARY for
+        #: ``topiary ha status`` (a standby answers no STATS: it serves nobody).
+        self.status = status
 
     async def serve(
         self,
@@ -68,6 +74,8 @@ class StandbyDoor:
                     return
                 self.counters.refused_native += 1
                 why = f"this broker is the standby; the primary is {self.primary}"
+                if self.status is not None:
+                    why += f"; {self.status()}"
                 await send_error(
                     stream, proto, RemoteProtocolError(ErrorCode.NOT_PRIMARY, why), seconds=0.5
                 )

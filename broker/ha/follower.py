@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -55,6 +55,15 @@ MAX_RECORDS_PER_COMMIT = 256
 RETRY_MIN, RETRY_MAX = 0.05, 1.0
 
 log = get_logger("topiary.ha.follower")
+
+
+class FollowGate(Protocol):
+    """The election's side of a standby (``broker.ha.elector.Elector``)."""
+
+    @property
+    def term(self) -> int: ...
+    def on_primary_contact(self, term: int) -> bool: ...
+    def may_acknowledge(self) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -99,6 +108,9 @@ class Follower:
         self._backend: SqliteBackend | None = None
         self._limiter = trio.CapacityLimiter(1)
         self._changed = trio.Event()
+        #: The election (witness failover): told of the primary's frames, asked before ACKs.
+        self.gate: FollowGate | None = None
+        self._beat = 0  # the last BEAT number heard on this connection
 
     async def wait_for(self, seq: int) -> None:
         """Return once records up to ``seq`` are applied (for tests and ``ha status``)."""
@@ -213,6 +225,7 @@ class Follower:
         await link.send(["POSITION", p.term, p.seq, p.digest])
         self.counters.connections += 1
         self.connected = True
+        self._beat = 0
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeat, link)
@@ -223,19 +236,41 @@ class Follower:
     async def _heartbeat(self, link: LinkStream) -> None:
         while True:
             await trio.sleep(ACK_INTERVAL)
+            await self._ack(link)
+
+    async def _ack(self, link: LinkStream) -> None:
+        """``ACK seq`` (with the election: ``ACK seq term beat``, and none while this
+        standby is a candidate: the old primary must stop counting on it)."""
+        gate = self.gate
+        if gate is None:
             await link.send(["ACK", self.position.seq])
+        elif gate.may_acknowledge():
+            await link.send(["ACK", self.position.seq, gate.term, self._beat])
+
+    def _contact(self, term: int) -> None:
+        gate = self.gate
+        if gate is not None and not gate.on_primary_contact(term) and term < gate.term:
+            raise LinkError(f"the primary is of term {term}, older than ours ({gate.term})")
 
     async def _receive(self, link: LinkStream) -> None:
         while True:
             message = await link.receive()
             self.last_contact = trio.current_time()
             kind = message[0]
+            if kind == "BEAT":
+                self._heard_beat(message)
+                if self.gate is not None:  # answered at once: the primary's trust in us
+                    await self._ack(link)  # lasts failure_timeout from the BEAT's sending
+                continue
             if kind == "RECORD":
                 records = [_record(message)]
                 while len(records) < MAX_RECORDS_PER_COMMIT:
                     more = link.receive_buffered()
                     if more is None:
                         break
+                    if more[0] == "BEAT":  # (the ACK after the commit names it)
+                        self._heard_beat(more)
+                        continue
                     if more[0] != "RECORD":
                         await self._commit(link, records)
                         records = []
@@ -247,6 +282,12 @@ class Follower:
             else:
                 await self._other(link, message)
 
+    def _heard_beat(self, message: list[Any]) -> None:
+        if len(message) != 3 or not all(isinstance(v, int) for v in message[1:]):
+            raise LinkError("BEAT is [term, n]")
+        self._beat = message[2]
+        self._contact(message[1])
+
     async def _commit(self, link: LinkStream, records: list[tuple[bytes, bytes]]) -> None:
         self.counters.bytes_received += sum(len(body) for body, _ in records)
         self.position = await self._thread(self._apply, records)
@@ -254,7 +295,7 @@ class Follower:
         self.counters.commits += 1
         self._changed.set()
         self._changed = trio.Event()
-        await link.send(["ACK", self.position.seq])
+        await self._ack(link)
 
     async def _other(self, link: LinkStream, message: list[Any]) -> None:
         if message[0] != "SNAPSHOT" or len(message) != 2 or not isinstance(message[1], int):
@@ -281,7 +322,7 @@ class Follower:
         log.info("snapshot installed", seq=self.position.seq, size=size)
         self._changed.set()
         self._changed = trio.Event()
-        await link.send(["ACK", self.position.seq])
+        await self._ack(link)
 
 
 def _record(message: list[Any]) -> tuple[bytes, bytes]:

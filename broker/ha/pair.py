@@ -1,21 +1,24 @@
 """Running one broker of a hot-spare pair (``[ha]``): the standby until it is promoted,
 and the replication a primary attaches to its store.
 
-Promotion is manual in this version (``[ha] failover = "manual"``): SIGUSR1 to the standby
-process makes it stop following, close its store and start serving as the primary of the
-next term on the same data directory. Nothing stops the old primary: the operator must
-have stopped it (or cut it off) first; docs/ha.md says why, and what the witness will add.
+Promotion is by the witness (``[ha] failover = "witness"``, the default): the broker's
+``Elector`` wins a vote, and the standby stops following, closes its store and serves as
+the primary of the new term on the same data directory. With ``failover = "manual"``
+SIGUSR1 does that instead, and nothing stops the old primary: the operator must have
+stopped it (or cut it off) first (docs/ha.md).
 """
 
 from __future__ import annotations
 
 import signal
+from functools import partial
 
 import trio
 
 from broker.address import parse_host_port
 from broker.config import BrokerConfig
 from broker.ha.door import StandbyDoor
+from broker.ha.elector import Elector
 from broker.ha.follower import Follower
 from broker.ha.shipping import Shipper
 from broker.log import get_logger
@@ -26,9 +29,12 @@ __all__ = ["standby_until_promoted", "start_shipping"]
 log = get_logger("topiary.ha")
 
 
-async def standby_until_promoted(config: BrokerConfig, *, handle_signals: bool) -> int | None:
-    """Follow the primary and refuse clients until SIGUSR1 (promotion: the term to serve
-    in) or SIGINT/SIGTERM (None: stop)."""
+async def standby_until_promoted(
+    config: BrokerConfig, *, handle_signals: bool, elector: Elector | None = None
+) -> int | None:
+    """Follow the primary and refuse clients until promoted: by the witness (``elector``)
+    or, with manual failover, by SIGUSR1; return the term to serve in, or None on
+    SIGINT/SIGTERM (stop)."""
     assert config.ha_partner is not None and config.ha_secret is not None
     assert config.data_dir is not None
     partner = parse_host_port(config.ha_partner)
@@ -36,7 +42,8 @@ async def standby_until_promoted(config: BrokerConfig, *, handle_signals: bool) 
     follower = Follower(
         config.data_dir, config.ha_secret.encode(), dedup_window=config.dedup_window
     )
-    door = StandbyDoor(config.ha_partner, config.hello_timeout)
+    follower.gate = elector
+    door = StandbyDoor(config.ha_partner, config.hello_timeout, partial(_state, follower, elector))
     native = await trio.open_tcp_listeners(config.port, host=config.host)
     mqtt = []
     if config.mqtt_listen is not None:
@@ -44,30 +51,77 @@ async def standby_until_promoted(config: BrokerConfig, *, handle_signals: bool) 
         mqtt = await trio.open_tcp_listeners(port, host=host or None)
     promoted = False
     async with trio.open_nursery() as nursery:
-        await nursery.start(follower.run, partner[0], config.ha_link)
+        link = config.ha_partner_link
+        await nursery.start(follower.run, partner[0], link)
         await nursery.start(door.serve, native, mqtt)
-        log.info("standby", primary=config.ha_partner, link=f"{partner[0]}:{config.ha_link}",
+        log.info("standby", primary=config.ha_partner, link=f"{partner[0]}:{link}",
                  seq=follower.position.seq)  # fmt: skip
-        if not handle_signals:
+        if elector is not None:
+            promoted = await _promoted_or_stopped(elector, handle_signals)
+        elif not handle_signals:
             await trio.sleep_forever()
-        with trio.open_signal_receiver(signal.SIGUSR1, signal.SIGINT, signal.SIGTERM) as got:
-            async for signum in got:
-                promoted = signum == signal.SIGUSR1
-                log.info("signal", signal=signal.Signals(signum).name)
-                break
+        else:
+            with trio.open_signal_receiver(signal.SIGUSR1, signal.SIGINT, signal.SIGTERM) as got:
+                async for signum in got:
+                    promoted = signum == signal.SIGUSR1
+                    log.info("signal", signal=signal.Signals(signum).name)
+                    break
         nursery.cancel_scope.cancel()
     if not promoted:
         return None
+    if elector is not None:
+        log.warning("promoted by the witness", term=elector.term, seq=follower.position.seq)
+        return elector.term
     term = follower.position.term + 1
     log.warning("promoted by the operator", term=term, seq=follower.position.seq)
     return term
 
 
-async def start_shipping(config: BrokerConfig, store: Store, term: int | None) -> Shipper:
+def _state(follower: Follower, elector: Elector | None) -> str:
+    """The standby's state as ``key=value`` words (its NOT_PRIMARY refusals carry them)."""
+    heard = follower.last_contact
+    since = -1.0 if heard is None else round(trio.current_time() - heard, 3)
+    words = [
+        f"seq={follower.position.seq}",
+        f"connected={'yes' if follower.connected else 'no'}",
+        f"seconds_since_contact={since}",
+    ]
+    if elector is not None:
+        stats = elector.statistics()
+        words[:0] = [f"ha_term={elector.term}", f"election={stats['role']}"]
+        words.append(f"seconds_since_witness={round(float(stats['seconds_since_witness']), 3)}")
+    return " ".join(words)
+
+
+async def _promoted_or_stopped(elector: Elector, handle_signals: bool) -> bool:
+    """True once the witness made this broker primary; False on SIGINT/SIGTERM."""
+    promoted = False
+    async with trio.open_nursery() as nursery:
+
+        async def stop_on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as got:
+                async for signum in got:
+                    log.info("signal", signal=signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        if handle_signals:
+            nursery.start_soon(stop_on_signal)
+        while not elector.is_primary:
+            await elector.wait_changed()
+        promoted = True
+        nursery.cancel_scope.cancel()
+    return promoted
+
+
+async def start_shipping(
+    config: BrokerConfig, store: Store, term: int | None, elector: Elector | None = None
+) -> Shipper:
     """A shipper attached to ``store`` in ``term`` (None: the term the store was in, at
     least 1). Serve its link with ``Shipper.serve``."""
     assert config.ha_secret is not None
     shipper = Shipper(term=term or 1, secret=config.ha_secret.encode(), sync=config.ha_sync)
+    shipper.gate = elector
     await shipper.attach(store)
     if term is None and shipper.position.term > shipper.term:
         shipper.term = shipper.position.term

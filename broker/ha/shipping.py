@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -71,6 +71,20 @@ BACKLOG_BYTES = 64 << 20
 CHUNK_BYTES = 1 << 20
 #: Seconds a standby has for the handshake and its position.
 HANDSHAKE_TIMEOUT = 10.0
+#: Seconds between the primary's BEATs: the standby's sign that the primary lives (its
+#: failure timeout counts from the last frame heard), and what its ACKs refer to.
+BEAT_INTERVAL = 0.1
+#: BEATs remembered for the ACKs that name them.
+BEATS_KEPT = 256
+
+
+class WriteGate(Protocol):
+    """The election's side of a primary (``broker.ha.elector.Elector``)."""
+
+    def refusal(self) -> str | None: ...
+    def on_standby_ack(self, term: int, sent_at: float) -> None: ...
+    def on_partner_term(self, term: int) -> None: ...
+
 
 log = get_logger("topiary.ha.shipping")
 
@@ -154,6 +168,10 @@ class Shipper:
         self.last_contact: float | None = None  # trio time the standby was last heard
         #: Why this primary refuses writes (it met a partner of a newer term), or None.
         self.fenced: str | None = None
+        #: The election (witness failover): asked before each confirmation, told of ACKs.
+        self.gate: WriteGate | None = None
+        self._beats: deque[tuple[int, float]] = deque(maxlen=BEATS_KEPT)
+        self._beat = 0
 
     def statistics(self) -> dict[str, int | float]:
         """Counters and gauges for STATS and /metrics (``HELP`` says what each is)."""
@@ -217,20 +235,24 @@ class Shipper:
         self._grew.set()
         self._grew = trio.Event()
 
-    async def durable(self, prepared: _Prepared) -> None:
+    async def durable(self, prepared: _Prepared) -> str | None:
         """With ``sync``: return once the in-sync standby acknowledged the record, or at once
-        when no standby is in sync (counted as ``confirms_alone``)."""
-        if not self.sync:
-            return
-        seq = prepared.position.seq
-        if not self._in_sync:
-            self.counters.confirms_alone += 1
-            return
-        self.counters.confirms_waited += 1
-        while self._in_sync and self._acked < seq:
-            await self._acks.wait()
-        if self._acked < seq:
-            self.counters.confirms_alone += 1
+        when no standby is in sync (counted as ``confirms_alone``). Then, with a ``gate``,
+        the batch is confirmed only if this broker may still write (a process paused
+        before the PUBACK must not confirm after its lease ran out): else the reason."""
+        if self.sync:
+            seq = prepared.position.seq
+            if not self._in_sync:
+                self.counters.confirms_alone += 1
+            else:
+                self.counters.confirms_waited += 1
+                while self._in_sync and self._acked < seq:
+                    await self._acks.wait()
+                if self._acked < seq:
+                    self.counters.confirms_alone += 1
+        if self.gate is not None:
+            return self.gate.refusal()
+        return None
 
     def _acks_changed(self) -> None:
         self._acks.set()
@@ -270,6 +292,8 @@ class Shipper:
             return
         if theirs.term > self.term:
             # The partner served a newer term: this broker was replaced and must not write.
+            if self.gate is not None:
+                self.gate.on_partner_term(theirs.term)
             self.fenced = f"replaced: the partner is in term {theirs.term}, we in {self.term}"
             log.error("fenced", reason=self.fenced)
             await link.aclose()
@@ -315,6 +339,7 @@ class Shipper:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._receive_acks, link)
+                nursery.start_soon(self._send_beats, link)
                 await self._send_records(link, cursor)
         except BaseExceptionGroup as group:
             raise single_link_error(group) from None
@@ -337,6 +362,23 @@ class Shipper:
             self.counters.records_sent += 1
             self.counters.bytes_sent += len(body)
 
+    async def _send_beats(self, link: LinkStream) -> None:
+        """``["BEAT", term, n]`` every ``BEAT_INTERVAL``; an ACK naming n proves the standby
+        heard this primary after n was sent (``Role.on_standby_ack``)."""
+        while True:
+            self._beat += 1
+            self._beats.append((self._beat, trio.current_time()))
+            await link.send(["BEAT", self.term, self._beat])
+            await trio.sleep(BEAT_INTERVAL)
+
+    def _beat_sent_at(self, beat: int) -> float | None:
+        for number, sent_at in reversed(self._beats):
+            if number == beat:
+                return sent_at
+            if number < beat:
+                break
+        return None
+
     async def _receive_acks(self, link: LinkStream) -> None:
         while True:
             with trio.move_on_after(self.ack_timeout) as waiting:
@@ -344,8 +386,18 @@ class Shipper:
             if waiting.cancelled_caught:
                 raise LinkError(f"no word from the standby for {self.ack_timeout} s")
             self.last_contact = trio.current_time()
-            if message[0] != "ACK" or len(message) != 2 or not isinstance(message[1], int):
+            if (
+                message[0] != "ACK"
+                or len(message) not in (2, 4)
+                or not all(isinstance(value, int) for value in message[1:])
+            ):
                 raise LinkError(f"expected ACK, got {message[0]!r:.40}")
+            if len(message) == 4 and self.gate is not None:  # ACK seq term beat
+                if message[2] > self.term:
+                    self.gate.on_partner_term(message[2])
+                sent_at = self._beat_sent_at(message[3])
+                if sent_at is not None:
+                    self.gate.on_standby_ack(message[2], sent_at)
             if message[1] > self.position.seq:
                 raise LinkError(f"ACK of seq {message[1]} that was never sent")
             if message[1] > self._acked:

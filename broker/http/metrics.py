@@ -35,6 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
 from broker.core import Broker, Session
+from broker.ha.elector import ELECTOR_HELP
 from broker.ha.shipping import HELP as HA_HELP
 from broker.histogram import Histogram
 from broker.security.floods import LIMITS
@@ -300,6 +301,11 @@ def _store(broker: Broker) -> Iterator[Metric]:
         kind, help_text = HA_HELP[name]
         make = _counter if kind == "counter" else _gauge
         yield make(f"topiary_ha_{name}", help_text, value)
+    election = broker.ha_statistics() if broker.ha_statistics is not None else {}
+    for name, (kind, help_text) in ELECTOR_HELP.items():  # failover by the witness
+        if name in election:
+            make = _counter if kind == "counter" else _gauge
+            yield make(f"topiary_ha_{name}", help_text, election[name])
     store = broker.store.statistics()
     yield _counter(
         "topiary_store_commits", "Store transactions committed.", store.batches_committed

@@ -191,6 +191,9 @@ class Requests:
                 f"{broker.config.max_payload}"
             )
             return self._refuse_publish(p, R.QUOTA_EXCEEDED, text)
+        gate = broker.write_refusal
+        if gate is not None and qos > 0 and (why := gate()) is not None:
+            return self._refuse_publish(p, R.SERVER_UNAVAILABLE, why)  # fenced hot spare
         headers = dict(props.user_properties) if props.user_properties else None
         message = Message(topic, p.payload, headers, broker.next_msg_id(), qos)
         message.origin = self.session

@@ -273,6 +273,10 @@ class Requests:
                 )
             )
             return
+        gate = broker.write_refusal
+        if gate is not None and frame.id is not None and (why := gate()) is not None:
+            self._refuse(RemoteProtocolError(ErrorCode.FENCED, why, ref=frame.id))
+            return
         try:
             if frame.retain:
                 work = broker.publish(

@@ -72,8 +72,9 @@ SETTLING_DEPTH = 8
 Outcome = tuple[bool, Any]
 #: Called with an operation's error (None: it succeeded) once its outcome is known.
 OnDone = Callable[[BaseException | None], None]
-#: Awaited before a committed batch's outcomes are delivered (see "Settling").
-Settle = Callable[[], Awaitable[None]]
+#: Awaited before a committed batch's outcomes are delivered (see "Settling"); a string
+#: it returns says why the batch may not be confirmed (its operations fail with it).
+Settle = Callable[[], Awaitable[str | None]]
 #: The owner's commit of a batch's works: (committed, an outcome per work[, settle]), or None
 #: when there was nothing to commit. It may append works of its own after the batch's (their
 #: outcomes are ignored) and must not give up on cancellation once the commit has started.
@@ -268,16 +269,21 @@ class GroupCommit:
         """Deliver settling batches' outcomes in commit order, each once its settle returned."""
         try:
             async for batch, outcomes, settle in self._settling_receive:
+                refused = None
                 try:
                     if settle is not None:
-                        await settle()
+                        refused = await settle()
                 except BaseException as exc:
                     why = f"not confirmed: the {self._noun} stopped ({exc!r})"
                     for op in batch:
                         op.resolve(False, self._error(why))
                     self._settling -= 1
                     raise
-                self._deliver(batch, outcomes)
+                if refused is not None:  # committed, but may not be confirmed (fenced)
+                    for op in batch:
+                        op.resolve(False, self._error(f"not confirmed: {refused}"))
+                else:
+                    self._deliver(batch, outcomes)
                 self._settling -= 1
         finally:
             self._settled.set()
