@@ -38,6 +38,8 @@ def read_password(stdin: TextIO | None = None) -> str:
         password = password.removesuffix("\r")
     if not password:
         raise PasswdError("empty password; nothing changed")
+    if "\x00" in password:
+        raise PasswdError("a password may not contain a NUL byte; nothing changed")
     return password
 
 

@@ -4,6 +4,11 @@
 parameters travel with each hash, so they can be raised later and old hashes still verify.
 scrypt is slow and memory-hard on purpose (tens of ms and 16 MiB at the defaults): a stolen
 users file costs an attacker that much per guess. Callers run ``verify`` off the event loop.
+
+A password may not hold a NUL byte: scrypt keys HMAC-SHA256 with the password, and HMAC
+pads a short key with zeros, so ``b"pw"`` and ``b"pw\x00"`` would be the same password.
+``hash_password`` refuses such a password and ``verify`` never accepts one (after the same
+work, so the answer's timing says nothing).
 """
 
 from __future__ import annotations
@@ -92,7 +97,8 @@ class ScryptHash:
 
     def verify(self, password: bytes) -> bool:
         """Whether ``password`` is the one hashed; compared in constant time."""
-        return hmac.compare_digest(self.derive(password), self.key)
+        matches = hmac.compare_digest(self.derive(password), self.key)
+        return matches and b"\x00" not in password
 
     def decoy(self) -> ScryptHash:
         """A hash with the same parameters that no password matches (random key): checking
@@ -105,7 +111,10 @@ class ScryptHash:
 def hash_password(
     password: bytes, *, n: int = DEFAULT_N, r: int = DEFAULT_R, p: int = DEFAULT_P
 ) -> str:
-    """A new salted hash of ``password`` (the string stored in the users file)."""
+    """A new salted hash of ``password`` (the string stored in the users file); a password
+    with a NUL byte is a ``ValueError`` (see the module docstring)."""
+    if b"\x00" in password:
+        raise ValueError("a password may not contain a NUL byte")
     template = ScryptHash(n, r, p, os.urandom(SALT_BYTES), bytes(HASH_BYTES))
     return ScryptHash(n, r, p, template.salt, template.derive(password)).encode()
 
