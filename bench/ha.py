@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import socket
 import statistics
@@ -45,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from broker.client import connect  # noqa: E402
+from broker.log import configure_logging  # noqa: E402
 
 TOPIC = "bench/ha/t"
 SESSION = "bench-ha"
@@ -345,6 +347,7 @@ def main() -> None:
         print(json.dumps({"confirmed": count}))
         return
     seconds = 1.0 if args.quick else args.seconds
+    configure_logging(level=logging.WARNING)  # the failing-over client's retries: not the table
     with tempfile.TemporaryDirectory(prefix="topiary-bench-ha-") as work:
         results = run(args.tasks, seconds, Path(work))
         if args.kills > 0:
