@@ -1,6 +1,7 @@
-"""Confirmed-publish throughput of a hot-spare pair (``[ha] sync = true``) vs a single broker.
+"""Confirmed-publish throughput of a hot-spare pair (``[ha] sync = true``) vs a single broker,
+and the failover time of a pair with a witness over repeated kill -9 of the primary.
 
-    python bench/ha.py [--quick] [--json PATH] [--seconds S] [--tasks N]
+    python bench/ha.py [--quick] [--json PATH] [--seconds S] [--tasks N] [--kills K]
 
 In one run, each party its own process on 127.0.0.1: (1) a single ``topiary serve
 --data-dir``; (2) a primary and a standby (``[ha]``, ``failover = "manual"``, sync on),
@@ -10,13 +11,27 @@ trio tasks on one connection, each awaiting ``publish(..., confirm=True)`` in a 
 seconds. confirmed/s = PUBACKs / S. The pair's row also says how many of its batches were
 confirmed alone (no standby in sync: must be 0) from the primary's ``stats``. Goal
 (issue 20): pair >= 0.75 x single.
+
+Failover (``--kills K``, default 5; 0 skips it): a witness and two brokers with the default
+``[ha]`` timings (``failover = "witness"``, lease 1 s, failure timeout 0.6 s), a durable
+session, and 4 trio tasks publishing confirmed through one client given both servers
+(``connect([A, B], reconnect=True)``, the client's default backoff). Each round: kill -9 of
+the primary under that load; the failover time is from the kill to the first PUBACK that
+the promoted standby sends (the client's current server is the standby). Then the old
+primary is started again on its data directory: it steps down and resynchronises, and the
+next round waits until the new primary reports it in sync, so the primaries alternate. At
+the end the durable session is read through the server list: every confirmed message must
+be in it (missing: must be 0; duplicates are counted). Goal (issue 20): <= 2 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from broker.client import connect  # noqa: E402
+from broker.log import configure_logging  # noqa: E402
 
 TOPIC = "bench/ha/t"
 SESSION = "bench-ha"
@@ -158,12 +174,172 @@ def run(tasks: int, seconds: float, work: Path) -> dict[str, Any]:
     return results
 
 
+FAILOVER_TASKS = 4
+SECRET = "bench-ha"
+
+
+class _Broker:
+    """One broker of the failover pair: its config, data directory, log and process."""
+
+    def __init__(self, name: str, work: Path) -> None:
+        self.name = name
+        self.port = _free_port()
+        self.link = _free_port()
+        self.config = work / f"fo-{name}.toml"
+        self.data_dir = work / f"fo-{name}"
+        self.log = work / f"fo-{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def configure(self, role: str, partner: _Broker, witness: int) -> None:
+        self.data_dir.mkdir()
+        self.config.write_text(
+            f'[server]\nport = {self.port}\nhost = "127.0.0.1"\ndata_dir = "{self.data_dir}"\n'
+            f'[ha]\nrole = "{role}"\npartner = "{partner.address}"\n'
+            f'witness = "127.0.0.1:{witness}"\nsecret = "{SECRET}"\n'
+        )
+
+    def start(self) -> None:
+        # [ha] role decides the first start only: later starts read DATA_DIR/ha-term
+        self.proc = _start(["--config", str(self.config)], self.log, self.port)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+async def _until_in_sync(primary: _Broker, seconds: float = 60) -> None:
+    """Wait (bounded) until ``primary`` serves and reports its standby in sync."""
+    with trio.fail_after(seconds):
+        while True:
+            try:
+                if (await _stats(primary.port)).get("ha", {}).get("in_sync") == 1:
+                    return
+            except Exception:  # a standby refuses, a promotion is under way
+                pass
+            await trio.sleep(0.05)  # polling another process (bounded by fail_after)
+
+
+class _Round:
+    """One kill: confirmed publishes until told to stop; the time from the kill to the
+    first PUBACK sent by ``standby`` (the client's current server then)."""
+
+    def __init__(self, client: Any, number: int, standby: _Broker, confirmed: list[str]) -> None:
+        self.client = client
+        self.number = number
+        self.standby = ("127.0.0.1", standby.port)
+        self.confirmed = confirmed
+        self.count = 0
+        self.warm = trio.Event()  # set after 200 confirms: the load is on
+        self.killed_at: float | None = None
+        self.failover: float | None = None
+        self.first_on_standby = trio.Event()
+        self.stop = False
+
+    async def publish(self, task: int) -> None:
+        while not self.stop:
+            payload = f"r{self.number}-t{task}-{self.count}"
+            self.count += 1
+            await self.client.publish(TOPIC, payload, confirm=True)
+            self.confirmed.append(payload)
+            if self.count >= 200:
+                self.warm.set()
+            if (
+                self.killed_at is not None
+                and self.client.address == self.standby
+                and not self.first_on_standby.is_set()
+            ):
+                self.failover = trio.current_time() - self.killed_at
+                self.first_on_standby.set()
+
+
+async def _failover_rounds(kills: int, brokers: list[_Broker]) -> dict[str, Any]:
+    servers = [b.address for b in brokers]
+    confirmed: list[str] = []
+    times: list[float] = []
+    primary, standby = brokers
+    await _until_in_sync(primary)
+    async with (
+        connect(servers, client_id=SESSION, durable=True) as c,
+        c.subscribe("bench/ha/>"),
+    ):
+        await c.ping()  # the session holds the filter: it stores from now on
+    async with connect(servers, reconnect=True, reconnect_timeout=30) as client:
+        for number in range(kills):
+            one = _Round(client, number, standby, confirmed)
+            async with trio.open_nursery() as nursery:
+                for task in range(FAILOVER_TASKS):
+                    nursery.start_soon(one.publish, task)
+                with trio.fail_after(30):
+                    await one.warm.wait()
+                one.killed_at = trio.current_time()
+                primary.kill()
+                with trio.fail_after(30):
+                    await one.first_on_standby.wait()
+                await trio.sleep(0.2)  # a little load on the new primary, then stop
+                one.stop = True
+            assert one.failover is not None
+            times.append(one.failover)
+            primary.start()  # the old primary: steps down, resynchronises as standby
+            primary, standby = standby, primary
+            await _until_in_sync(primary)
+            print(f"kill {number + 1}/{kills}: {one.failover:.3f} s", file=sys.stderr)
+    received: list[str] = []
+    seen: set[str] = set()
+    wanted = set(confirmed)
+    async with (
+        connect(servers, client_id=SESSION, durable=True) as c,
+        c.subscribe("bench/ha/>") as sub,
+    ):
+        with trio.move_on_after(60):
+            while not wanted <= seen:
+                payload = (await sub.get()).payload.decode()
+                received.append(payload)
+                seen.add(payload)
+    return {
+        "kills": kills,
+        "failover_seconds": times,
+        "failover_p50": statistics.median(times),
+        "failover_max": max(times),
+        "failover_confirmed": len(wanted),
+        "failover_missing": len(wanted - seen),
+        "failover_duplicates": len(received) - len(seen),
+    }
+
+
+def run_failover(kills: int, work: Path) -> dict[str, Any]:
+    witness_port = _free_port()
+    with (work / "witness.log").open("ab") as out:
+        witness = subprocess.Popen(
+            [sys.executable, "-m", "broker.cli", "witness", "--port", str(witness_port),
+             "--data-dir", str(work / "witness"), "--secret", SECRET],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+        )  # fmt: skip
+    brokers = [_Broker("a", work), _Broker("b", work)]
+    try:
+        brokers[0].configure("primary", brokers[1], witness_port)
+        brokers[1].configure("standby", brokers[0], witness_port)
+        for broker in brokers:
+            broker.start()
+        return trio.run(_failover_rounds, kills, brokers)
+    finally:
+        for broker in brokers:
+            if broker.proc is not None:
+                _stop(broker.proc)
+        _stop(witness)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 s per measurement")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--tasks", type=int, default=128)
+    parser.add_argument("--kills", type=int, default=5, help="kill -9 rounds (0: none)")
     parser.add_argument("--publisher", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.publisher is not None:
@@ -171,13 +347,22 @@ def main() -> None:
         print(json.dumps({"confirmed": count}))
         return
     seconds = 1.0 if args.quick else args.seconds
+    configure_logging(level=logging.WARNING)  # the failing-over client's retries: not the table
     with tempfile.TemporaryDirectory(prefix="topiary-bench-ha-") as work:
         results = run(args.tasks, seconds, Path(work))
+        if args.kills > 0:
+            results.update(run_failover(args.kills, Path(work)))
     print(f"{'setup':<28} {'confirmed/s':>12}")
     print(f"{'single broker':<28} {results['single_per_second']:>12.0f}")
     print(f"{'pair, sync = true':<28} {results['pair_per_second']:>12.0f}")
     print(f"ratio {results['ratio']:.2f} (goal >= 0.75); batches confirmed alone in the pair: "
           f"{results['pair_confirms_alone']}")  # fmt: skip
+    if args.kills > 0:
+        print(f"failover over {results['kills']} kill -9 of the primary: "
+              f"p50 {results['failover_p50']:.3f} s, max {results['failover_max']:.3f} s "
+              f"(goal <= 2 s); confirmed {results['failover_confirmed']}, missing from the "
+              f"durable session {results['failover_missing']}, duplicates "
+              f"{results['failover_duplicates']}")  # fmt: skip
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -113,6 +113,10 @@ class Elector:
             return f"fenced: primary of term {self.term} without the witness' lease or the standby"
         return f"not the primary (term {self.term})"
 
+    def lease_renewed_since(self, since: float) -> bool:
+        """This primary holds a lease asked for at or after ``since`` (trio time)."""
+        return self.role.lease_renewed_since(since, trio.current_time())
+
     async def wait_changed(self) -> None:
         """Return at the next change of role or term."""
         await self._changed.wait()

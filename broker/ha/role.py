@@ -65,6 +65,7 @@ class Role:
         "_next_request_at",
         "broker_id",
         "elections",
+        "lease_sent_at",
         "lease_until",
         "primary_heard_at",
         "role",
@@ -86,6 +87,8 @@ class Role:
         #: The lease and the standby's acknowledgements: writes are allowed before these.
         self.lease_until = _NEVER
         self.standby_in_sync_until = _NEVER
+        #: When the renewal (or vote) that granted the newest lease was sent.
+        self.lease_sent_at = _NEVER
         #: When the primary's stream was last heard (a standby starts counting at start).
         self.primary_heard_at = now
         self._next_request_at = now
@@ -96,6 +99,13 @@ class Role:
             self.role = CANDIDATE  # first start: ask for term 1 at once
 
     # -- questions ---------------------------------------------------------------------------
+
+    def lease_renewed_since(self, since: float, now: float) -> bool:
+        """True while this primary holds a lease asked for at or after ``since``: the
+        witness saw it alive after that instant and grants no vote before that lease runs
+        out, so a write confirmed meanwhile on this broker alone is not overtaken by a
+        promotion (docs/ha.md, "Confirming alone")."""
+        return self.role == PRIMARY and self.lease_sent_at >= since and now < self.lease_until
 
     def may_write(self, now: float) -> bool:
         """True while this broker is the primary and its lease or the standby's acks hold."""
@@ -201,6 +211,7 @@ class Role:
         """Trust the granted lease (never longer than ours) from when we sent the request."""
         trusted = min(lease, self.timing.lease) * (1 - 2 * CLOCK_RATE_BOUND)
         self.lease_until = max(self.lease_until, sent_at + trusted)
+        self.lease_sent_at = max(self.lease_sent_at, sent_at)
 
     def _step_down(self, term: int, now: float) -> None:
         if self.role == PRIMARY:

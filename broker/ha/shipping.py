@@ -27,6 +27,7 @@ standby must not wait for the old socket to time out).
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import tempfile
@@ -82,6 +83,7 @@ class WriteGate(Protocol):
     """The election's side of a primary (``broker.ha.elector.Elector``)."""
 
     def refusal(self) -> str | None: ...
+    def lease_renewed_since(self, since: float) -> bool: ...
     def on_standby_ack(self, term: int, sent_at: float) -> None: ...
     def on_partner_term(self, term: int) -> None: ...
 
@@ -163,6 +165,7 @@ class Shipper:
         self._grew = trio.Event()  # set (and replaced) at every new record
         self._acked = 0  # the in-sync standby's last acknowledged seq
         self._in_sync = False
+        self._lost_at = -math.inf  # when the last in-sync standby was lost (trio time)
         self._acks = trio.Event()  # set (and replaced) when _acked or _in_sync changes
         self._standby: trio.CancelScope | None = None
         self.last_contact: float | None = None  # trio time the standby was last heard
@@ -239,18 +242,29 @@ class Shipper:
         """With ``sync``: return once the in-sync standby acknowledged the record, or at once
         when no standby is in sync (counted as ``confirms_alone``). Then, with a ``gate``,
         the batch is confirmed only if this broker may still write (a process paused
-        before the PUBACK must not confirm after its lease ran out): else the reason."""
+        before the PUBACK must not confirm after its lease ran out): else the reason. A
+        batch confirmed alone waits, with a gate, for a lease asked for after the standby
+        was lost: until then the standby may be promoted without it (the primary cut from
+        both the standby and the witness would confirm what the new primary never gets)."""
+        alone = False
         if self.sync:
             seq = prepared.position.seq
             if not self._in_sync:
-                self.counters.confirms_alone += 1
+                alone = True
             else:
                 self.counters.confirms_waited += 1
                 while self._in_sync and self._acked < seq:
                     await self._acks.wait()
-                if self._acked < seq:
-                    self.counters.confirms_alone += 1
+                alone = self._acked < seq
+            if alone:
+                self.counters.confirms_alone += 1
         if self.gate is not None:
+            if alone:
+                # Bounded: the lease is renewed every lease/3, or runs out (a refusal).
+                while self.gate.refusal() is None and not self.gate.lease_renewed_since(
+                    self._lost_at
+                ):
+                    await trio.sleep(0.01)
             return self.gate.refusal()
         return None
 
@@ -316,6 +330,7 @@ class Shipper:
                 self._standby = None
                 if self._in_sync:
                     self._in_sync = False
+                    self._lost_at = trio.current_time()
                     self._acks_changed()
             await link.aclose()
 
