@@ -208,8 +208,10 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
         ),
         _C.FENCED: (
             "A confirmed PUB reached a hot-spare primary that may not write now (it has lost "
-            "both the witness and its standby, or was replaced): not routed, not stored; "
-            "`ref` names it. The connection closes so that a server list moves on."
+            "both the witness and its standby, or was replaced): not confirmed (refused "
+            "before routing, or committed here only, which the next resynchronisation "
+            "discards); `ref` names it. The connection closes so that a server list moves "
+            "on, and a reconnecting client sends the PUB again, with its msg id."
         ),
         _C.INTERNAL: (
             "A bug or unexpected failure on the sender's side (for a PUB: it could not be "

@@ -21,6 +21,7 @@ from broker.config import BrokerConfig
 from broker.errors import ProtocolError
 from broker.net import receive_frame, send_error
 from broker.server import Server, run_broker
+from broker.wire import frames
 from broker.wire.connection import Connection, Role
 from tests.conftest import running_broker
 from tests.faultproxy import FaultProxy
@@ -357,3 +358,54 @@ async def test_confirmed_publishes_in_flight_are_bounded_by_max_in_flight(server
     assert publisher._in_flight.count == 0
     assert stats["duplicates_dropped"] == limit
     assert len({m.id for m in got}) == total - limit
+
+
+@asynccontextmanager
+async def fenced() -> AsyncIterator[str]:
+    """A fake primary that welcomes a client, then answers its first confirmed PUB with
+    ERROR FENCED (as a hot-spare primary that lost its place does) and closes."""
+
+    async def answer(stream: trio.SocketStream) -> None:
+        proto = Connection(Role.SERVER)
+        hello = await receive_frame(proto, stream.receive_some)
+        assert isinstance(hello, frames.Hello)
+        welcome = frames.Welcome(
+            version=frames.PROTOCOL_VERSION,
+            client_id=hello.client_id or "c",
+            server_id="fenced",
+            max_frame=1 << 20,
+            keepalive=30.0,
+        )
+        await stream.send_all(proto.send(welcome))
+        while True:
+            frame = await receive_frame(proto, stream.receive_some)
+            if frame is None:
+                return
+            if isinstance(frame, frames.Pub) and frame.id is not None:
+                await send_error(
+                    stream, proto, ProtocolError("FENCED", "fenced: replaced", ref=frame.id)
+                )
+                return
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, answer, 0, host="127.0.0.1"))
+        try:
+            yield f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_publish_a_fenced_primary_refuses_is_sent_again_to_the_next_server(
+    server: Server,
+) -> None:
+    async with (
+        fenced() as old_primary,
+        connect(where(server)) as watcher,
+        watcher.subscribe("f/>") as sub,
+        connect([old_primary, where(server)], reconnect=True, backoff=FAST) as publisher,
+    ):
+        with trio.fail_after(10):
+            await publisher.publish("f/x", b"once", confirm=True)  # confirmed by the next
+        got = await take(sub, 1)
+        assert got[0].payload == b"once"
+        assert publisher.failovers == 1

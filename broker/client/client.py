@@ -63,7 +63,7 @@ from broker.client.errors import BrokerError, ConnectionLost, worth_retrying
 from broker.client.pubacks import take_pubacks
 from broker.client.subscription import Message, Subscription
 from broker.client.waiters import Batch, BatchPart, InFlight, Pending, Waiter
-from broker.errors import RemoteProtocolError, refused_for_good
+from broker.errors import ErrorCode, RemoteProtocolError, refused_for_good
 from broker.log import get_logger
 from broker.net import RECEIVE_SIZE, Backoff, receive_frame
 from broker.security.tls import client_context
@@ -328,7 +328,13 @@ class Client:
                 await self._dispatch(event)
             elif isinstance(event, frames.Error):
                 error = BrokerError(event.code, event.text, event.ref)
-                waiter = self._waiters.pop(event.ref, None) if event.ref is not None else None
+                waiter = None
+                if event.ref is not None and not (
+                    event.code == ErrorCode.FENCED and self.reconnect and event.ref in self._waiters
+                ):
+                    waiter = self._waiters.pop(event.ref, None)
+                # (a PUB a fenced primary did not confirm stays in flight: it is sent again,
+                # with its msg id, to the broker the client fails over to)
                 ended = self._subs.pop(event.sub, None) if event.sub is not None else None
                 if ended is not None:  # the broker removed it (topic ACLs): iterating raises
                     ended.sub_id = None

@@ -17,7 +17,7 @@ import trio
 
 from broker.core import Session
 from broker.errors import ErrorCode
-from broker.store import Pending, StoreError
+from broker.store import NotConfirmed, Pending, StoreError
 from broker.wire.connection import Connection
 from broker.wire.frames import Error, PubAck
 
@@ -91,6 +91,9 @@ class Confirms:
                     if pending is not None:
                         try:
                             pending.result()
+                        except NotConfirmed as exc:  # a fenced primary: the client goes on
+                            error = Error(code=ErrorCode.FENCED, text=str(exc), ref=request_id)
+                            reply = self.proto.send(error)
                         except StoreError as exc:
                             error = Error(
                                 code=ErrorCode.INTERNAL, text=f"not stored: {exc}", ref=request_id

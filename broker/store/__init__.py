@@ -9,6 +9,7 @@ files.py and the values the store hands out in records.py.
 
 from broker.store.group_commit import Pending
 from broker.store.records import (
+    NotConfirmed,
     RetainedMessage,
     SessionRecord,
     StoredMessage,
@@ -22,6 +23,7 @@ from broker.store.store import Store
 __all__ = [
     "DB_FILENAME",
     "SCHEMA_VERSION",
+    "NotConfirmed",
     "Pending",
     "RetainedMessage",
     "SessionRecord",

@@ -193,11 +193,14 @@ class GroupCommit:
         max_batch: int,
         max_queued: int,
         idle_interval: float = math.inf,
+        refused: Callable[[str], Exception] | None = None,
     ) -> None:
         self._run = run
         self._name = name
         self._noun = noun
         self._error = error
+        # What a committed batch that its settle step refused fails with (default: error)
+        self._refused = refused or error
         self._max_batch = max_batch
         self._idle_interval = idle_interval
         self._send, self._receive = trio.open_memory_channel[_Op](max_queued)
@@ -281,7 +284,7 @@ class GroupCommit:
                     raise
                 if refused is not None:  # committed, but may not be confirmed (fenced)
                     for op in batch:
-                        op.resolve(False, self._error(f"not confirmed: {refused}"))
+                        op.resolve(False, self._refused(f"not confirmed: {refused}"))
                 else:
                     self._deliver(batch, outcomes)
                 self._settling -= 1

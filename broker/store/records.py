@@ -20,6 +20,11 @@ class StoreError(Exception):
     """The store cannot do what was asked: unknown session, damaged file, store closed, ..."""
 
 
+class NotConfirmed(StoreError):
+    """Committed here, but not to be confirmed: this broker may not accept writes now (a
+    fenced hot-spare primary). The publisher should send it again to the broker that may."""
+
+
 def open_failure(path: str, problem: str, exc: BaseException | None = None) -> StoreError:
     """One line naming the file and the problem, never a sqlite3 traceback."""
     detail = f" ({exc})" if exc is not None else ""

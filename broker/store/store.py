@@ -40,6 +40,7 @@ from broker.histogram import Histogram
 from broker.store.files import lock_directory
 from broker.store.group_commit import GroupCommit, OnDone, Outcome, Pending, Settle
 from broker.store.records import (
+    NotConfirmed,
     RetainedMessage,
     SessionRecord,
     StoredMessage,
@@ -120,6 +121,7 @@ class Store:
             max_batch=max_batch,
             max_queued=max_queued,
             idle_interval=self._sweep_interval,
+            refused=NotConfirmed,
         )
         # append_nowait is the broker's hot path (one call per PUB): bound once, not per call.
         self._enqueue_nowait = self._queue.enqueue_nowait
