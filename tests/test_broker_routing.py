@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import trio
 
 import routing
@@ -226,6 +228,30 @@ async def test_a_repeated_msg_id_is_dropped_and_still_confirmed(address: Address
         assert [m.payload for m in got] == [b"first", b"other"]
         assert await quiet(sub)
         assert (await c.stats())["duplicates_dropped"] == 1
+
+
+async def test_a_broker_restarted_on_its_store_still_drops_a_stored_msg_id(tmp_path: Path) -> None:
+    """The duplicate window starts from the ids the store kept: a publisher resending after
+    a restart (or a failover to the promoted standby) reaches no transient subscriber twice."""
+    data_dir = str(tmp_path / "data")
+    async with running_broker(data_dir=data_dir) as first:
+        async with (
+            connect(first.addresses[0], client_id="keeper", durable=True) as keeper,
+            keeper.subscribe("dup/>"),  # a durable session: the message is stored
+            connect(first.addresses[0]) as c,
+        ):
+            await c.publish("dup/a", b"first", msg_id="order-17", confirm=True)
+    async with running_broker(data_dir=data_dir) as second:
+        async with (
+            connect(second.addresses[0]) as watcher,
+            watcher.subscribe("dup/>") as sub,
+            connect(second.addresses[0]) as c,
+        ):
+            await c.publish("dup/a", b"resent", msg_id="order-17", confirm=True)
+            await c.publish("dup/a", b"next", msg_id="order-18", confirm=True)
+            got = await take(sub, 1)
+            assert [m.payload for m in got] == [b"next"]
+            assert (await c.stats())["duplicates_dropped"] == 1
 
 
 def test_recent_ids_forget_the_oldest_beyond_the_window() -> None:

@@ -183,8 +183,14 @@ class Broker:
         and the retained messages (with their QoS, MQTT properties and expiry); returns how
         many sessions. A session whose owner the store knows has its owner's topic ACL
         rules from here on (``principal``): with a policy in force, its filters those rules
-        do not grant are removed (from the store too), else ``set_policy`` does that."""
+        do not grant are removed (from the store too), else ``set_policy`` does that.
+        The duplicate window starts from the publisher ids the store kept, so a copy a
+        publisher sends again after a restart or a failover is dropped here too, not only
+        by the store (transient subscribers would get it twice)."""
         if self.store is not None:
+            if self.config.dedup_window:
+                for msg_id in await self.store.recent_publisher_ids(self.config.dedup_window):
+                    self._recent_ids.seen(msg_id)
             retained = self.retained
             for kept in await self.store.retained():
                 retained.update(kept.topic, kept.payload, kept.headers, kept.msg_id)

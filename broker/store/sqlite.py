@@ -730,6 +730,13 @@ class SqliteBackend:
             for seq, msg_id, topic, payload, headers, retained, extra in rows
         ]
 
+    def recent_publisher_ids(self, limit: int) -> list[str]:
+        """The newest ``limit`` publisher message ids stored, oldest first."""
+        rows = self.conn.execute(
+            "SELECT msg_id FROM published ORDER BY rowid DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [row[0] for row in reversed(rows)]
+
     def retained(self) -> list[RetainedMessage]:
         """Every retained message, by topic."""
         rows = self.conn.execute(

@@ -523,6 +523,11 @@ class Store:
             partial(SqliteBackend.ack_one, client_id=client_id, seq=seq)
         )
 
+    async def recent_publisher_ids(self, limit: int) -> list[str]:
+        """The newest ``limit`` publisher message ids of stored messages, oldest first (what
+        a restarted or promoted broker's duplicate window starts from)."""
+        return await self._read(partial(SqliteBackend.recent_publisher_ids, limit=limit))
+
     async def retained(self) -> list[RetainedMessage]:
         """Every retained message (what ``append(..., retain=True)`` left), by topic."""
         return await self._read(SqliteBackend.retained)
