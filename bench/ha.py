@@ -200,6 +200,7 @@ class _Broker:
             f'[server]\nport = {self.port}\nhost = "127.0.0.1"\ndata_dir = "{self.data_dir}"\n'
             f'[ha]\nrole = "{role}"\npartner = "{partner.address}"\n'
             f'witness = "127.0.0.1:{witness}"\nsecret = "{SECRET}"\n'
+            f"link_port = {self.link}\npartner_link_port = {partner.link}\n"
         )
 
     def start(self) -> None:

@@ -98,6 +98,7 @@ key, never a traceback and never a silently ignored typo.
     lease = 1.0                    # seconds the witness' lease lasts (renewed every lease/3)
     failure_timeout = 0.6          # seconds of silence before the standby asks for a vote
     link_port = 7475               # the replication link (default: server port + 1)
+    partner_link_port = 7475       # the partner's link (default: link_port, else its port + 1)
     failover = "witness"           # (default) or "manual": SIGUSR1 promotes the standby
 """
 
@@ -196,6 +197,7 @@ class BrokerConfig:
     ha_lease: float = DEFAULT_LEASE
     ha_failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
     ha_link_port: int | None = None  # the replication link's port; None: server port + 1
+    ha_partner_link_port: int | None = None  # the partner's; None: as ha_partner_link says
     ha_failover: str = "witness"  # or "manual": promotion by the operator (docs/ha.md)
 
     @property
@@ -205,8 +207,11 @@ class BrokerConfig:
 
     @property
     def ha_partner_link(self) -> int:
-        """The port the standby dials on the partner: ``link_port`` when set (the pair shares
-        it), else the partner's server port + 1 (as the partner's own default)."""
+        """The port the standby dials on the partner: ``partner_link_port`` when set, else
+        ``link_port`` when set (the pair shares it), else the partner's server port + 1 (as
+        the partner's own default)."""
+        if self.ha_partner_link_port is not None:
+            return self.ha_partner_link_port
         if self.ha_link_port is not None:
             return self.ha_link_port
         partner = parse_host_port(self.ha_partner or "")
@@ -307,6 +312,7 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "lease": "ha_lease",
         "failure_timeout": "ha_failure_timeout",
         "link_port": "ha_link_port",
+        "partner_link_port": "ha_partner_link_port",
         "failover": "ha_failover",
     },
 }
@@ -320,6 +326,7 @@ _HA_DEFAULTS: dict[str, Any] = {
     "ha_lease": DEFAULT_LEASE,
     "ha_failure_timeout": DEFAULT_FAILURE_TIMEOUT,
     "ha_link_port": None,
+    "ha_partner_link_port": None,
     "ha_failover": "witness",
 }
 #: The roles a broker of a pair may have at its first start.
@@ -393,6 +400,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "ha_lease": (int, float),
     "ha_failure_timeout": (int, float),
     "ha_link_port": (int, type(None)),
+    "ha_partner_link_port": (int, type(None)),
     "ha_failover": (str,),
 }
 
@@ -581,10 +589,10 @@ def _check_ha(cfg: BrokerConfig) -> None:
         raise ConfigError("ha secret is required with [ha]: the pair and the witness share it")
     if cfg.data_dir is None:
         raise ConfigError("[ha] needs server data_dir: the pair replicates durable state")
-    if cfg.ha_link_port is not None and (
-        isinstance(cfg.ha_link_port, bool) or not 0 < cfg.ha_link_port < 65536
-    ):
-        raise ConfigError(f"ha link_port must be a port (1-65535), got {cfg.ha_link_port!r}")
+    for key in ("link_port", "partner_link_port"):
+        port = getattr(cfg, f"ha_{key}")
+        if port is not None and (isinstance(port, bool) or not 0 < port < 65536):
+            raise ConfigError(f"ha {key} must be a port (1-65535), got {port!r}")
     if cfg.ha_failover not in HA_FAILOVERS:
         raise ConfigError(f'ha failover must be "witness" or "manual", got {cfg.ha_failover!r}')
 

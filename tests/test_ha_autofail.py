@@ -30,6 +30,7 @@ class Node:
     def __init__(self, name: str, tmp_path: Path) -> None:
         self.name = name
         self.port = free_port()
+        self.link_port = free_port()
         self.data_dir = tmp_path / name
         self.data_dir.mkdir()
         self.log = tmp_path / f"{name}.log"
@@ -42,11 +43,12 @@ class Node:
 
     def start(self, role: str, partner: Node, witness: str) -> None:
         config = self.data_dir.parent / f"{self.name}.toml"
-        # link_port left out: each broker listens on its port + 1 and dials its partner's
+        # link ports of their own (not port + 1, which nothing reserved for the test)
         config.write_text(
             f'[server]\nport = {self.port}\nhost = "127.0.0.1"\ndata_dir = "{self.data_dir}"\n'
             f'[ha]\nrole = "{role}"\npartner = "{partner.address}"\n'
-            f'witness = "{witness}"\nsecret = "{SECRET}"\n'
+            f'witness = "{witness}"\nsecret = "{SECRET}"\nlink_port = {self.link_port}\n'
+            f"partner_link_port = {partner.link_port}\n"
         )
         with self.log.open("ab") as log:
             self._start_at = self.log.stat().st_size

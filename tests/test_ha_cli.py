@@ -129,6 +129,7 @@ def test_ha_keys_are_read_with_their_defaults(tmp_path: Path) -> None:
         (HA + 'sync = "yes"\n', "ha_sync must be bool"),
         (HA + "ttl = 3\n", "unknown key 'ttl' in [ha]"),
         (HA + "link_port = 0\n", "ha link_port must be a port (1-65535)"),
+        (HA + "partner_link_port = 70000\n", "ha partner_link_port must be a port (1-65535)"),
         (HA + 'failover = "auto"\n', 'ha failover must be "witness" or "manual"'),
         ("lease = 0.5\n", "ha role must be"),  # any [ha] key makes the four needed
     ],

@@ -38,6 +38,7 @@ class Broker:
     def __init__(self, name: str, tmp_path: Path) -> None:
         self.name = name
         self.port = free_port()
+        self.link_port = free_port()
         self.data_dir = tmp_path / name
         self.data_dir.mkdir()
         self.config = tmp_path / f"{name}.toml"
@@ -48,12 +49,15 @@ class Broker:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, role: str, partner_link: FaultProxy, witness: FaultProxy) -> None:
-        # The standby dials partner port + 1: the proxy in front of the partner's link.
+    def start(
+        self, role: str, partner: Broker, partner_link: FaultProxy, witness: FaultProxy
+    ) -> None:
+        # The standby dials the proxy in front of the partner's link.
         self.config.write_text(
             f'[server]\nport = {self.port}\nhost = "127.0.0.1"\ndata_dir = "{self.data_dir}"\n'
-            f'[ha]\nrole = "{role}"\npartner = "127.0.0.1:{partner_link.port - 1}"\n'
+            f'[ha]\nrole = "{role}"\npartner = "{partner.address}"\n'
             f'witness = "127.0.0.1:{witness.port}"\nsecret = "{SECRET}"\n'
+            f"link_port = {self.link_port}\npartner_link_port = {partner_link.port}\n"
         )
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -85,13 +89,13 @@ class Cluster:
         self.a, self.b = Broker("a", tmp_path), Broker("b", tmp_path)
         self.a_witness = FaultProxy(("127.0.0.1", port))
         self.b_witness = FaultProxy(("127.0.0.1", port))
-        self.to_a_link = FaultProxy(("127.0.0.1", self.a.port + 1))  # b (standby) dials a
-        self.to_b_link = FaultProxy(("127.0.0.1", self.b.port + 1))  # a (standby) dials b
+        self.to_a_link = FaultProxy(("127.0.0.1", self.a.link_port))  # b (standby) dials a
+        self.to_b_link = FaultProxy(("127.0.0.1", self.b.link_port))  # a (standby) dials b
         self.proxies = [self.a_witness, self.b_witness, self.to_a_link, self.to_b_link]
         for proxy in self.proxies:
             proxy.start()
-        self.a.start("primary", self.to_b_link, self.a_witness)
-        self.b.start("standby", self.to_a_link, self.b_witness)
+        self.a.start("primary", self.b, self.to_b_link, self.a_witness)
+        self.b.start("standby", self.a, self.to_a_link, self.b_witness)
 
     @property
     def servers(self) -> list[str]:
