@@ -27,6 +27,7 @@ from broker.core import Broker
 from broker.ha.elector import Elector
 from broker.ha.pair import standby_until_promoted, start_shipping
 from broker.ha.timing import Timing
+from broker.ha.tls import PairTls
 from broker.http import HttpServer, broker_routes
 from broker.log import get_logger
 from broker.mesh import Peering
@@ -203,13 +204,14 @@ async def run_broker(
     if not config.ha_configured:
         await _serve(config, broker, handle_signals, None, None, task_status)
         return
+    pair_tls = PairTls.from_config(config)  # bad files stop start-up here (ConfigError)
     if config.ha_failover == "manual":
         term: int | None = None
         if config.ha_role == "standby":
-            term = await standby_until_promoted(config, handle_signals=handle_signals)
+            term = await standby_until_promoted(config, handle_signals=handle_signals, tls=pair_tls)
             if term is None:
                 return
-        await _serve(config, broker, handle_signals, term, None, task_status)
+        await _serve(config, broker, handle_signals, term, None, task_status, pair_tls)
         return
     assert config.data_dir is not None and config.ha_witness is not None
     assert config.ha_secret is not None and config.ha_role is not None
@@ -219,6 +221,7 @@ async def run_broker(
         secret=config.ha_secret.encode(),
         timing=Timing(config.ha_lease, config.ha_failure_timeout),
         role_at_first_start=config.ha_role,
+        tls=pair_tls,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(elector.run)
@@ -226,12 +229,14 @@ async def run_broker(
         while True:
             if not elector.is_primary:
                 promoted = await standby_until_promoted(
-                    config, handle_signals=handle_signals, elector=elector
+                    config, handle_signals=handle_signals, elector=elector, tls=pair_tls
                 )
                 if promoted is None:
                     break
             term = elector.term
-            stepped_down = await _serve(config, broker, handle_signals, term, elector, status)
+            stepped_down = await _serve(
+                config, broker, handle_signals, term, elector, status, pair_tls
+            )
             status, broker = trio.TASK_STATUS_IGNORED, None  # the next phase has its own
             if not stepped_down:
                 break
@@ -246,9 +251,11 @@ async def _serve(
     term: int | None,
     elector: Elector | None,
     task_status: trio.TaskStatus[Server],
+    pair_tls: PairTls | None = None,
 ) -> bool:
     """Serve clients as a single broker or a primary (of ``term``); True when it stopped
-    because ``elector`` stepped down (then the caller follows the new primary)."""
+    because ``elector`` stepped down (then the caller follows the new primary).
+    ``pair_tls``: mutual TLS for the replication link (reloaded at SIGHUP with the rest)."""
     stepped_down = False
     async with AsyncExitStack() as stack:
         store = None
@@ -266,7 +273,7 @@ async def _serve(
             )
         shipper = None
         if config.ha_configured and store is not None:  # before anything is written
-            shipper = await start_shipping(config, store, term, elector)
+            shipper = await start_shipping(config, store, term, elector, pair_tls)
         broker = broker or Broker(config, store=store)
         if elector is not None:
             broker.write_refusal = elector.refusal
@@ -290,6 +297,8 @@ async def _serve(
         if config.tls_cert is not None:  # bad files stop start-up here (ConfigError)
             server.tls = ServerTls(config, broker.counters)
             server.reloadables.append(server.tls)
+        if pair_tls is not None:
+            server.reloadables.append(pair_tls)
         if isinstance(broker.peering, Peering) and _dials_tls(config):
             broker.peering.tls = ClientTls(config)
             server.reloadables.append(broker.peering.tls)
