@@ -24,13 +24,16 @@ from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from functools import partial
 from importlib.metadata import entry_points
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
 
 import routing
 from broker.address import DEFAULT_PORT, parse_servers, split_address
 from broker.commands import COMMANDS_GROUP, UsageError, listen_address, tune_gc
+
+if TYPE_CHECKING:
+    from broker.ha.tls import PairTls
 
 DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
 #: With several servers, how long a command keeps trying them after losing its connection
@@ -325,6 +328,13 @@ def build_parser() -> argparse.ArgumentParser:
     witness.add_argument(
         "--lease", type=_positive_seconds, help="seconds a lease lasts (default: [ha] lease, 1.0)"
     )
+    witness.add_argument(
+        "--cert", help="PEM certificate: serve over mutual TLS (with --key and --ca)"
+    )
+    witness.add_argument("--key", help="PEM private key of --cert")
+    witness.add_argument(
+        "--ca", help="PEM CA that the brokers' certificates must chain to ([ha] ca)"
+    )
     witness.add_argument("--log-format", choices=["console", "json"], default="console")
 
     for plugin in entry_points(group=COMMANDS_GROUP):
@@ -509,6 +519,7 @@ def _witness(args: argparse.Namespace) -> int:
     from broker.log import configure_logging
 
     secret, lease = args.secret, DEFAULT_LEASE
+    tls_files = {"ca": args.ca, "cert": args.cert, "key": args.key}
     try:
         if args.config is not None:
             settings = load_config_file(args.config)
@@ -516,8 +527,11 @@ def _witness(args: argparse.Namespace) -> int:
             lease = settings.get("ha_lease", lease)
             if not isinstance(secret, str) or not secret:
                 raise UsageError(f"{args.config}: [ha] secret is required for the witness")
+            if not any(tls_files.values()):  # the flags, else [ha] ca, cert, key
+                tls_files = {name: settings.get(f"ha_{name}") for name in tls_files}
         lease = args.lease if args.lease is not None else lease
         check_ha_timing(lease, lease / 2)  # only the lease matters to the witness
+        tls = _witness_tls(tls_files)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     if not secret:
@@ -532,6 +546,7 @@ def _witness(args: argparse.Namespace) -> int:
                 args.data_dir,
                 secret.encode(),
                 lease=float(lease),
+                tls=tls,
                 handle_signals=True,
             )
         )
@@ -545,6 +560,22 @@ def _witness(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILURE
     return 0
+
+
+def _witness_tls(files: dict[str, Any]) -> PairTls | None:
+    """The witness' mutual TLS from ``--ca --cert --key`` (all three or none), or None;
+    a missing or bad file is a one-line ``ConfigError``."""
+    from broker.ha.tls import PairTls
+
+    given = [name for name, path in files.items() if path]
+    if not given:
+        return None
+    if len(given) != len(files):
+        raise UsageError(
+            "--ca, --cert and --key go together (mutual TLS: the witness checks the brokers' "
+            f"certificates against --ca), got only {', '.join(f'--{name}' for name in given)}"
+        )
+    return PairTls(files["ca"], files["cert"], files["key"], what="witness")
 
 
 def _passwd(args: argparse.Namespace) -> int:

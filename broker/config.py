@@ -199,6 +199,10 @@ class BrokerConfig:
     ha_link_port: int | None = None  # the replication link's port; None: server port + 1
     ha_partner_link_port: int | None = None  # the partner's; None: as ha_partner_link says
     ha_failover: str = "witness"  # or "manual": promotion by the operator (docs/ha.md)
+    # Mutual TLS on the replication link and to the witness (broker/ha/tls.py); all or none
+    ha_ca: str | None = None
+    ha_cert: str | None = None
+    ha_key: str | None = None
 
     @property
     def ha_link(self) -> int:
@@ -216,6 +220,11 @@ class BrokerConfig:
             return self.ha_link_port
         partner = parse_host_port(self.ha_partner or "")
         return (partner[1] if partner is not None else self.port) + 1
+
+    @property
+    def ha_tls(self) -> bool:
+        """Whether the replication link and the calls to the witness are over TLS."""
+        return self.ha_cert is not None
 
     @property
     def ha_configured(self) -> bool:
@@ -314,6 +323,9 @@ _FILE_KEYS: dict[str, dict[str, str]] = {
         "link_port": "ha_link_port",
         "partner_link_port": "ha_partner_link_port",
         "failover": "ha_failover",
+        "ca": "ha_ca",
+        "cert": "ha_cert",
+        "key": "ha_key",
     },
 }
 
@@ -328,10 +340,15 @@ _HA_DEFAULTS: dict[str, Any] = {
     "ha_link_port": None,
     "ha_partner_link_port": None,
     "ha_failover": "witness",
+    "ha_ca": None,
+    "ha_cert": None,
+    "ha_key": None,
 }
 #: The roles a broker of a pair may have at its first start.
 HA_ROLES = ("primary", "standby")
 HA_FAILOVERS = ("witness", "manual")
+#: [ha] keys that turn TLS on for the replication link and the witness (all three or none).
+HA_TLS_KEYS = ("ca", "cert", "key")
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,),
@@ -402,6 +419,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "ha_link_port": (int, type(None)),
     "ha_partner_link_port": (int, type(None)),
     "ha_failover": (str,),
+    "ha_ca": (str, type(None)),
+    "ha_cert": (str, type(None)),
+    "ha_key": (str, type(None)),
 }
 
 
@@ -595,6 +615,12 @@ def _check_ha(cfg: BrokerConfig) -> None:
             raise ConfigError(f"ha {key} must be a port (1-65535), got {port!r}")
     if cfg.ha_failover not in HA_FAILOVERS:
         raise ConfigError(f'ha failover must be "witness" or "manual", got {cfg.ha_failover!r}')
+    tls_files = [name for name in HA_TLS_KEYS if getattr(cfg, f"ha_{name}") is not None]
+    if tls_files and len(tls_files) != len(HA_TLS_KEYS):
+        raise ConfigError(
+            "ha ca, cert and key go together (mutual TLS: each side checks the other's "
+            f"certificate against ca), got only {', '.join(tls_files)}"
+        )
 
 
 def check_ha_timing(lease: float, failure_timeout: float) -> None:

@@ -27,6 +27,7 @@ from broker.core.counters import Counters
 from broker.ha.elector import Elector
 from broker.ha.pair import standby_until_promoted, start_shipping
 from broker.ha.timing import Timing
+from broker.ha.tls import PairTls
 from broker.http import HttpServer, broker_routes
 from broker.listeners import TLS_KINDS, Listeners, open_listeners
 from broker.log import get_logger
@@ -206,9 +207,22 @@ async def run_broker(
         return
     # A broker of the pair binds every port once and holds them whatever its role.
     tls = ServerTls(config, Counters()) if config.tls_cert is not None else None
+    pair_tls = PairTls.from_config(config)  # bad files stop start-up here (ConfigError)
+    elector = None
+    if config.ha_failover == "witness":  # (reads DATA_DIR/ha-term: a bad one stops here)
+        assert config.data_dir is not None and config.ha_witness is not None
+        assert config.ha_secret is not None and config.ha_role is not None
+        elector = Elector(
+            config.data_dir,
+            witness=config.ha_witness,
+            secret=config.ha_secret.encode(),
+            timing=Timing(config.ha_lease, config.ha_failure_timeout),
+            role_at_first_start=config.ha_role,
+            tls=pair_tls,
+        )
     held = await open_listeners(config, tls, link=True)
     try:
-        await _run_pair(config, broker, handle_signals, held, tls, task_status)
+        await _run_pair(config, broker, handle_signals, held, tls, pair_tls, elector, task_status)
     finally:
         with trio.CancelScope(shield=True):
             await held.aclose()
@@ -220,12 +234,15 @@ async def _run_pair(
     handle_signals: bool,
     held: Listeners,
     tls: ServerTls | None,
+    pair_tls: PairTls | None,
+    elector: Elector | None,
     task_status: trio.TaskStatus[Server],
 ) -> None:
-    """The role loop of a pair's broker, on the sockets it ``held`` since its start."""
-    serve = partial(_serve, held=held, tls=tls)
-    wait = partial(standby_until_promoted, held=held)
-    if config.ha_failover == "manual":
+    """The role loop of a pair's broker, on the sockets it ``held`` since its start: the
+    ``elector`` decides the role (None: manual failover, SIGUSR1 promotes)."""
+    serve = partial(_serve, held=held, tls=tls, pair_tls=pair_tls)
+    wait = partial(standby_until_promoted, held=held, tls=pair_tls)
+    if elector is None:
         term: int | None = None
         if config.ha_role == "standby":
             term = await wait(config, handle_signals=handle_signals)
@@ -233,15 +250,6 @@ async def _run_pair(
                 return
         await serve(config, broker, handle_signals, term, None, task_status)
         return
-    assert config.data_dir is not None and config.ha_witness is not None
-    assert config.ha_secret is not None and config.ha_role is not None
-    elector = Elector(
-        config.data_dir,
-        witness=config.ha_witness,
-        secret=config.ha_secret.encode(),
-        timing=Timing(config.ha_lease, config.ha_failure_timeout),
-        role_at_first_start=config.ha_role,
-    )
     async with trio.open_nursery() as nursery:
         await nursery.start(elector.run)
         status: trio.TaskStatus[Server] = task_status
@@ -268,12 +276,14 @@ async def _serve(
     task_status: trio.TaskStatus[Server],
     held: Listeners | None = None,
     tls: ServerTls | None = None,
+    pair_tls: PairTls | None = None,
 ) -> bool:
     """Serve clients as a single broker or a primary (of ``term``); True when it stopped
     because ``elector`` stepped down (then the caller follows the new primary).
 
     A pair's broker passes the sockets (and TLS contexts) it ``held`` since its start; a
-    single broker binds its own here, and they close when it stops."""
+    single broker binds its own here, and they close when it stops. ``pair_tls``: mutual
+    TLS for the replication link (reloaded at SIGHUP with the rest)."""
     stepped_down = False
     async with AsyncExitStack() as stack:
         stops = hups = None
@@ -295,7 +305,7 @@ async def _serve(
             )
         shipper = None
         if config.ha_configured and store is not None:  # before anything is written
-            shipper = await start_shipping(config, store, term, elector)
+            shipper = await start_shipping(config, store, term, elector, pair_tls)
         broker = broker or Broker(config, store=store)
         if elector is not None:
             broker.write_refusal = elector.refusal
@@ -323,6 +333,8 @@ async def _serve(
         elif config.tls_cert is not None:  # bad files stop start-up here (ConfigError)
             server.tls = ServerTls(config, broker.counters)
             server.reloadables.append(server.tls)
+        if pair_tls is not None:
+            server.reloadables.append(pair_tls)
         if isinstance(broker.peering, Peering) and _dials_tls(config):
             broker.peering.tls = ClientTls(config)
             server.reloadables.append(broker.peering.tls)

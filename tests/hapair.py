@@ -14,6 +14,7 @@ import trio
 
 from broker.ha.follower import Follower
 from broker.ha.shipping import Shipper
+from broker.ha.tls import PairTls
 from broker.store import Store
 from broker.store.schema import DB_FILENAME
 
@@ -57,8 +58,8 @@ class Pair:
     _scope: trio.CancelScope | None = None
     _stopped: trio.Event | None = None
 
-    async def start_standby(self, secret: bytes = SECRET) -> Follower:
-        follower = Follower(self.standby_dir, secret)
+    async def start_standby(self, secret: bytes = SECRET, tls: PairTls | None = None) -> Follower:
+        follower = Follower(self.standby_dir, secret, tls=tls)
         scope, stopped = trio.CancelScope(), trio.Event()
         self._scope, self._stopped = scope, stopped
 

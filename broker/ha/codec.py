@@ -18,7 +18,8 @@ listener ask in the broker's name:
 Fresh nonces on both sides make every connection's key new, so a recorded frame replays
 nowhere, and an answer MAC proves the witness knows the secret (the broker trusts votes
 only from it). The MAC covers values, not bytes, so any msgpack encoder may be used.
-There is no encryption: terms and broker ids are not secret. A bad MAC or a malformed frame
+The codec does not encrypt (terms and broker ids are not secret); with ``--ca --cert
+--key`` the connection under it is mutual TLS (``broker.ha.tls``). A bad MAC or a malformed frame
 is a ``WitnessProtocolError``: the witness sends ``WITNESS_ERROR {text}`` and closes.
 """
 

@@ -19,6 +19,7 @@ from typing import Any
 import trio
 
 from broker.errors import ErrorCode, RemoteProtocolError
+from broker.ha.tls import PairTls, TlsHandshakeFailed
 from broker.listeners import Listeners
 from broker.log import get_logger
 from broker.mqtt import reasons as R
@@ -45,9 +46,17 @@ class StandbyDoor:
     """Refuses every client with the address of ``primary`` (HOST:PORT)."""
 
     def __init__(
-        self, primary: str, hello_timeout: float, status: Callable[[], str] | None = None
+        self,
+        primary: str,
+        hello_timeout: float,
+        status: Callable[[], str] | None = None,
+        link_tls: PairTls | None = None,
     ) -> None:
         self.primary = primary
+        #: The pair's TLS ([ha] ca/cert/key): a partner dialling this broker's link port
+        #: completes its handshake before the link closes, so it sees "not served here"
+        #: (an end of stream before WELCOME), not a failed handshake.
+        self.link_tls = link_tls
         self.hello_timeout = hello_timeout
         self.counters = DoorCounters()
         #: ``key=value`` words on the standby's state, added to NOT_PRIMARY for
@@ -69,10 +78,10 @@ class StandbyDoor:
                     *listeners.secure("websocket"),
                     *listeners.http,
                     *listeners.secure("http"),
-                    *listeners.link,
                 ],
                 self._close,
             ),
+            (listeners.link, self._close_link),
         ]
         async with trio.open_nursery() as nursery:
             for group, handler in handlers:
@@ -102,6 +111,12 @@ class StandbyDoor:
     async def _close(self, stream: trio.abc.Stream) -> None:
         self.counters.closed_other += 1
         await trio.aclose_forcefully(stream)
+
+    async def _close_link(self, stream: trio.abc.Stream) -> None:
+        if self.link_tls is not None:
+            with contextlib.suppress(TlsHandshakeFailed, trio.BrokenResourceError):
+                stream = await self.link_tls.accept(stream, self.hello_timeout)
+        await self._close(stream)
 
     async def _native(self, stream: trio.abc.Stream) -> None:
         async with stream:

@@ -22,10 +22,11 @@ import trio
 
 from broker.address import parse_host_port
 from broker.ha.brokerterm import BrokerTerm, load_broker_term, save_broker_term
-from broker.ha.client import WitnessClient, connect_witness
+from broker.ha.client import WitnessClient, WitnessTlsError, connect_witness
 from broker.ha.codec import WitnessProtocolError
 from broker.ha.role import CANDIDATE, PRIMARY, STANDBY, Role, RoleName
 from broker.ha.timing import Timing
+from broker.ha.tls import PairTls
 from broker.log import get_logger
 
 __all__ = ["ELECTOR_HELP", "Elector", "ElectorCounters"]
@@ -40,6 +41,10 @@ ELECTOR_HELP: dict[str, tuple[str, str]] = {
     "witness_requests": ("counter", "Requests sent to the witness (renewals and votes)."),
     "witness_answers": ("counter", "Answers received from the witness."),
     "witness_failures": ("counter", "Witness requests that failed (unreachable, timeout)."),
+    "witness_tls_failures": (
+        "counter",
+        "Witness connections whose TLS handshake failed (a bad certificate, not TLS).",
+    ),
     "seconds_since_witness": ("gauge", "Seconds since the witness last answered (-1: never)."),
     "lease_left": ("gauge", "Seconds of the witness' lease this primary still trusts."),
 }
@@ -50,6 +55,7 @@ class ElectorCounters:
     witness_requests: int = 0
     witness_answers: int = 0
     witness_failures: int = 0
+    witness_tls_failures: int = 0
     fenced_seconds: float = 0.0
 
 
@@ -65,8 +71,10 @@ class Elector:
         secret: bytes,
         timing: Timing,
         role_at_first_start: str,
+        tls: PairTls | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.tls = tls
         address = parse_host_port(witness)
         assert address is not None  # checked with the config
         self.witness = address
@@ -82,6 +90,7 @@ class Elector:
         self.counters = ElectorCounters()
         self.last_answer: float | None = None
         self._client: WitnessClient | None = None
+        self._tls_failing: str | None = None  # the last TLS failure's reason, until an answer
         self._wake = trio.Event()
         self._changed = trio.Event()
         self._seen = (self.role.role, self.role.term)
@@ -134,6 +143,7 @@ class Elector:
             "witness_requests": self.counters.witness_requests,
             "witness_answers": self.counters.witness_answers,
             "witness_failures": self.counters.witness_failures,
+            "witness_tls_failures": self.counters.witness_tls_failures,
             "seconds_since_witness": -1.0 if self.last_answer is None else now - self.last_answer,
             "lease_left": status.lease_left,
             "seconds_since_primary": status.since_primary_heard,
@@ -187,7 +197,7 @@ class Elector:
         try:
             with trio.fail_after(self.timing.lease):
                 if self._client is None:
-                    self._client = await connect_witness(*self.witness, self.secret)
+                    self._client = await connect_witness(*self.witness, self.secret, self.tls)
                 answer = await self._client.ask(request)
         except (
             OSError,
@@ -197,12 +207,22 @@ class Elector:
             WitnessProtocolError,
         ) as exc:
             self.counters.witness_failures += 1
-            log.debug("witness request failed", request=type(request).__name__, reason=str(exc))
+            if isinstance(exc, WitnessTlsError):
+                self.counters.witness_tls_failures += 1
+                # (each new reason once at warning: the elector asks several times a second)
+                level = log.debug if str(exc) == self._tls_failing else log.warning
+                self._tls_failing = str(exc)
+                level("witness: TLS handshake failed", reason=str(exc),
+                      tls_failures=self.counters.witness_tls_failures)  # fmt: skip
+            else:
+                log.debug("witness request failed", request=type(request).__name__,
+                          reason=str(exc))  # fmt: skip
             if self._client is not None:
                 client, self._client = self._client, None
                 await trio.aclose_forcefully(client._frames.stream)
             return
         self.counters.witness_answers += 1
+        self._tls_failing = None
         self.last_answer = trio.current_time()
         if answer.verdict != "ok":
             log.info("witness answer", request=type(request).__name__, verdict=answer.verdict,

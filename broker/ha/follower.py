@@ -16,6 +16,13 @@ be the one announced), and only then swapped in: until then the old store is int
 database that fails to open (damaged: SQLite's ``quick_check``) is moved aside to
 ``topiary.db.damaged-<time>`` and the standby starts empty, so it is rebuilt from a
 snapshot, never served.
+
+With ``tls`` (``[ha] ca``, ``cert``, ``key``) each connection is mutual TLS, the primary's
+certificate checked against the pair's CA and for the host dialled. A handshake the
+primary refuses (or that finds a certificate we refuse) is counted (``tls_failures``),
+logged, and tried again with the backoff: only a connection that got past the
+handshakes resets it, so a standby the primary keeps refusing dials at most once per
+``RETRY_MAX``.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from typing import Any, Protocol
 
 import trio
 
-from broker.ha.link import LinkError, LinkStream, dial_link, single_link_error
+from broker.ha.link import LinkError, LinkStream, LinkTlsError, dial_link, single_link_error
 from broker.ha.records import (
     BatchClock,
     Position,
@@ -40,6 +47,7 @@ from broker.ha.records import (
     rebuild,
     write_position,
 )
+from broker.ha.tls import PairTls, TlsHandshakeFailed
 from broker.log import get_logger
 from broker.store.files import fsync_directory, lock_directory
 from broker.store.records import StoreError
@@ -53,6 +61,8 @@ ACK_INTERVAL = 0.25
 #: Most records applied in one transaction.
 MAX_RECORDS_PER_COMMIT = 256
 RETRY_MIN, RETRY_MAX = 0.05, 1.0
+#: Seconds a TLS handshake with the primary may take.
+TLS_HANDSHAKE_TIMEOUT = 10.0
 
 log = get_logger("topiary.ha.follower")
 
@@ -70,6 +80,7 @@ class FollowGate(Protocol):
 class FollowerCounters:
     connections: int = 0  # sessions with the primary that got past the handshake
     link_failures: int = 0  # connections that failed or ended (the standby dials again)
+    tls_failures: int = 0  # TLS handshakes that failed, or TLS refusals right after one
     records_applied: int = 0
     commits: int = 0
     bytes_received: int = 0
@@ -95,12 +106,14 @@ class Follower:
         *,
         retention_seconds: float = 0.0,
         dedup_window: int = 100_000,
+        tls: PairTls | None = None,
     ) -> None:
         # Both shape what a record does (pruning, keeping messages): the primary's values.
         self._options = {"retention_seconds": retention_seconds, "dedup_window": dedup_window}
         self.directory = Path(data_dir)
         self.path = self.directory / DB_FILENAME
         self.secret = secret
+        self.tls = tls
         self.counters = FollowerCounters()
         self.position = Position()
         self.connected = False
@@ -128,26 +141,47 @@ class Follower:
             task_status.started()
             delay = RETRY_MIN
             while True:
-                try:
-                    stream = await trio.open_tcp_stream(host, port)
-                except OSError as exc:
-                    log.debug("primary unreachable", address=f"{host}:{port}", reason=str(exc))
-                else:
+                stream = await self._connect(host, port)
+                if stream is not None:
+                    linked = self.counters.connections
                     try:
                         await self._follow(stream)
+                    except LinkTlsError as exc:
+                        self._tls_failed(host, port, str(exc))
                     except LinkError as exc:
                         log.warning("replication link lost", reason=str(exc))
                     finally:
                         self.connected = False
                         await trio.aclose_forcefully(stream)
                     self.counters.link_failures += 1
-                    delay = RETRY_MIN
+                    if self.counters.connections > linked:  # it got past the handshakes
+                        delay = RETRY_MIN
                 await trio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
         finally:
             with trio.CancelScope(shield=True):
                 await self._thread(self._close)
             lock.close()
+
+    async def _connect(self, host: str, port: int) -> trio.abc.Stream | None:
+        """A connection to the primary (over TLS with ``tls``), or None (logged, counted)."""
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            log.debug("primary unreachable", address=f"{host}:{port}", reason=str(exc))
+            return None
+        if self.tls is None:
+            return stream
+        try:
+            return await self.tls.dial(stream, host, TLS_HANDSHAKE_TIMEOUT)
+        except TlsHandshakeFailed as exc:
+            self._tls_failed(host, port, str(exc))
+            return None
+
+    def _tls_failed(self, host: str, port: int, reason: str) -> None:
+        self.counters.tls_failures += 1
+        log.warning("replication link: TLS handshake failed", address=f"{host}:{port}",
+                    reason=reason, tls_failures=self.counters.tls_failures)  # fmt: skip
 
     # -- the store, in the worker thread -------------------------------------------------------
 

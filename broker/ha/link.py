@@ -6,8 +6,10 @@ where ``mac = HMAC-SHA256(key, direction + counter + msgpack)``: ``direction`` i
 way. The key is derived as the witness protocol derives its (``broker.ha.codec``), from the
 pair's ``[ha] secret`` and two fresh nonces, with the label ``topiary-replication-1``: a
 recorded frame replays nowhere, a reordered or dropped one fails the next MAC, and neither
-side accepts anything from a process that does not know the secret. No encryption (the link
-belongs on the pair's own network; TLS for it is not built yet).
+side accepts anything from a process that does not know the secret. With ``[ha] ca``,
+``cert`` and ``key`` the stream under it is mutual TLS (``broker.ha.tls``): the MAC stays,
+TLS adds privacy and proves the machines; without them the link is plain TCP and belongs on
+the pair's own network.
 
 Handshake: standby -> ``["HELLO", version, nonce]``; primary -> ``["WELCOME", nonce]``;
 then, MAC'd, standby -> ``["POSITION", term, seq, digest]``. The primary then sends
@@ -29,6 +31,7 @@ import trio
 
 from broker.errors import ProtocolError
 from broker.ha.codec import NONCE_BYTES, session_key
+from broker.ha.tls import tls_reason
 from broker.wire.buffer import FrameBuffer
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "LinkAuthError",
     "LinkError",
     "LinkStream",
+    "LinkTlsError",
     "accept_link",
     "dial_link",
     "single_link_error",
@@ -55,6 +59,23 @@ class LinkError(Exception):
 
 class LinkAuthError(LinkError):
     """A frame's MAC is wrong: the other side does not have the pair's secret."""
+
+
+class _Closed(LinkError):
+    """The other side closed the connection (EOF between frames or inside one)."""
+
+
+class LinkTlsError(LinkError):
+    """TLS broke the connection: the other side refused our certificate (TLS 1.3 says so
+    only after the handshake, at the first read), or an alert arrived."""
+
+
+def _lost(exc: BaseException) -> LinkError:
+    """The LinkError for a stream that broke under us (a TLS alert is a LinkTlsError)."""
+    reason = tls_reason(exc)
+    if reason is not None:
+        return LinkTlsError(f"TLS: {reason}")
+    return LinkError(f"connection lost ({exc})")
 
 
 class LinkStream:
@@ -85,7 +106,7 @@ class LinkStream:
             try:
                 await self.stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise LinkError(f"connection lost ({exc})") from None
+                raise _lost(exc) from None
 
     async def receive(self) -> list[Any]:
         return self._open(await _receive_body(self.stream, self._buffer))
@@ -123,11 +144,11 @@ async def _receive_body(stream: trio.abc.Stream, buffer: FrameBuffer) -> bytes:
         if body is not None:
             return body
         if buffer.at_eof:
-            raise LinkError("connection closed")
+            raise _Closed("connection closed")
         try:
             buffer.feed(await stream.receive_some(1 << 16))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise LinkError(f"connection lost ({exc})") from None
+            raise _lost(exc) from None
 
 
 def _unpack(body: bytes) -> list[Any]:
@@ -145,7 +166,7 @@ async def _send_plain(stream: trio.abc.Stream, message: list[Any]) -> None:
     try:
         await stream.send_all(len(body).to_bytes(4, "big") + body)
     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-        raise LinkError(f"connection lost ({exc})") from None
+        raise _lost(exc) from None
 
 
 def _nonce(message: list[Any], kind: str, at: int) -> bytes:
@@ -162,7 +183,16 @@ async def dial_link(stream: trio.abc.Stream, secret: bytes) -> LinkStream:
     buffer = FrameBuffer(_HANDSHAKE_FRAME)
     nonce = os.urandom(NONCE_BYTES)
     await _send_plain(stream, ["HELLO", VERSION, nonce])
-    welcome = _unpack(await _receive_body(stream, buffer))
+    try:
+        welcome = _unpack(await _receive_body(stream, buffer))
+    except _Closed:
+        if isinstance(stream, trio.SSLStream):
+            raise
+        # A TLS primary closes on a plain HELLO (often without an alert): say what may be wrong.
+        raise LinkError(
+            "the primary closed the connection before WELCOME (does it want TLS: [ha] ca, "
+            "cert, key?)"
+        ) from None
     if welcome[0] == "ERROR":
         raise LinkError(f"the primary refused: {str(welcome[1:2])[:200]}")
     theirs = _nonce(welcome, "WELCOME", 1)

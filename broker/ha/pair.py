@@ -21,8 +21,10 @@ from broker.ha.door import StandbyDoor
 from broker.ha.elector import Elector
 from broker.ha.follower import Follower
 from broker.ha.shipping import Shipper
+from broker.ha.tls import PairTls
 from broker.listeners import Listeners
 from broker.log import get_logger
+from broker.security.reload import reload_all
 from broker.store import Store
 
 __all__ = ["standby_until_promoted", "start_shipping"]
@@ -36,25 +38,31 @@ async def standby_until_promoted(
     handle_signals: bool,
     held: Listeners,
     elector: Elector | None = None,
+    tls: PairTls | None = None,
 ) -> int | None:
     """Follow the primary and refuse clients until promoted: by the witness (``elector``)
     or, with manual failover, by SIGUSR1; return the term to serve in, or None on
     SIGINT/SIGTERM (stop). The door answers on the sockets the broker ``held`` since
-    its start (broker/listeners.py), and leaves them open for the primary."""
+    its start (broker/listeners.py), and leaves them open for the primary. ``tls``: the
+    link's mutual TLS (SIGHUP reloads it meanwhile)."""
     assert config.ha_partner is not None and config.ha_secret is not None
     assert config.data_dir is not None
     partner = parse_host_port(config.ha_partner)
     assert partner is not None  # checked with the config
     follower = Follower(
-        config.data_dir, config.ha_secret.encode(), dedup_window=config.dedup_window
+        config.data_dir, config.ha_secret.encode(), dedup_window=config.dedup_window, tls=tls
     )
     follower.gate = elector
-    door = StandbyDoor(config.ha_partner, config.hello_timeout, partial(_state, follower, elector))
+    door = StandbyDoor(
+        config.ha_partner, config.hello_timeout, partial(_state, follower, elector), tls
+    )
     promoted = False
     async with trio.open_nursery() as nursery:
         link = config.ha_partner_link
         await nursery.start(follower.run, partner[0], link)
         await nursery.start(door.serve, held.lend())
+        if handle_signals:  # (SIGHUP's default action would end the process)
+            nursery.start_soon(_reload_on_signal, [] if tls is None else [tls])
         log.info("standby", primary=config.ha_partner, link=f"{partner[0]}:{link}",
                  seq=follower.position.seq)  # fmt: skip
         if elector is not None:
@@ -115,13 +123,28 @@ async def _promoted_or_stopped(elector: Elector, handle_signals: bool) -> bool:
     return promoted
 
 
+async def _reload_on_signal(parts: list[PairTls]) -> None:
+    """SIGHUP on a standby: read the link's certificate files again (a primary's server
+    reloads them with the rest, ``Server.reloadables``)."""
+    with trio.open_signal_receiver(signal.SIGHUP) as received:
+        async for _signum in received:
+            log.info("signal", signal="SIGHUP")
+            reload_all(parts)
+
+
 async def start_shipping(
-    config: BrokerConfig, store: Store, term: int | None, elector: Elector | None = None
+    config: BrokerConfig,
+    store: Store,
+    term: int | None,
+    elector: Elector | None = None,
+    tls: PairTls | None = None,
 ) -> Shipper:
     """A shipper attached to ``store`` in ``term`` (None: the term the store was in, at
-    least 1). Serve its link with ``Shipper.serve``."""
+    least 1), over mutual TLS with ``tls``. Serve its link with ``Shipper.serve``."""
     assert config.ha_secret is not None
-    shipper = Shipper(term=term or 1, secret=config.ha_secret.encode(), sync=config.ha_sync)
+    shipper = Shipper(
+        term=term or 1, secret=config.ha_secret.encode(), sync=config.ha_sync, tls=tls
+    )
     shipper.gate = elector
     await shipper.attach(store)
     if term is None and shipper.position.term > shipper.term:

@@ -22,7 +22,10 @@ out of the backlog while connected is disconnected and comes back for a snapshot
 primary's memory is bounded whatever the standby does.
 
 One standby at a time: a new authenticated connection replaces the old one (a restarted
-standby must not wait for the old socket to time out).
+standby must not wait for the old socket to time out). With ``tls`` (``[ha] ca``, ``cert``,
+``key``) a connection is first a mutual TLS handshake; one that fails (plain text, a
+certificate the pair's CA did not sign) is counted (``tls_failures``), logged and closed
+before anything of the store is sent.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from broker.ha.link import (
     LinkAuthError,
     LinkError,
     LinkStream,
+    LinkTlsError,
     accept_link,
     single_link_error,
 )
@@ -57,6 +61,7 @@ from broker.ha.records import (
     read_position,
     write_position,
 )
+from broker.ha.tls import PairTls, TlsHandshakeFailed, peer_address
 from broker.log import get_logger
 from broker.store.records import StoreError
 from broker.store.sqlite import Work
@@ -101,6 +106,10 @@ HELP: dict[str, tuple[str, str]] = {
     "standby_connections": ("counter", "Authenticated standby connections."),
     "standby_dropped": ("counter", "Standby connections dropped (silent, behind, bad frame)."),
     "auth_failures": ("counter", "Replication connections without the pair's secret."),
+    "tls_failures": (
+        "counter",
+        "Replication connections whose TLS handshake failed (not TLS, a bad certificate).",
+    ),
     "confirms_waited": ("counter", "Batches whose confirmation waited for the standby."),
     "confirms_alone": ("counter", "Batches confirmed with no standby in sync (sync = true)."),
     "term": ("gauge", "The term this primary writes in."),
@@ -124,6 +133,7 @@ class ShipperCounters:
     standby_connections: int = 0
     standby_dropped: int = 0  # disconnected: silent, fell out of the backlog, protocol error
     auth_failures: int = 0
+    tls_failures: int = 0  # TLS handshakes that failed (with [ha] ca/cert/key)
     confirms_waited: int = 0  # batches whose confirmation waited for the standby's ack
     confirms_alone: int = 0  # batches confirmed with no standby in sync (sync = true)
 
@@ -148,8 +158,10 @@ class Shipper:
         sync: bool = True,
         ack_timeout: float = 2.0,
         backlog_bytes: int = BACKLOG_BYTES,
+        tls: PairTls | None = None,
     ) -> None:
         self.term = term
+        self.tls = tls
         self.secret = secret
         self.sync = sync
         self.ack_timeout = ack_timeout
@@ -293,6 +305,15 @@ class Shipper:
                 nursery.start_soon(self._serve_standby, stream)
 
     async def _serve_standby(self, stream: trio.abc.Stream) -> None:
+        if self.tls is not None:
+            peer = peer_address(stream)
+            try:
+                stream = await self.tls.accept(stream, HANDSHAKE_TIMEOUT)
+            except TlsHandshakeFailed as exc:
+                self.counters.tls_failures += 1
+                log.warning("standby refused: TLS handshake failed", peer=peer, reason=str(exc),
+                            tls_failures=self.counters.tls_failures)  # fmt: skip
+                return
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT):
                 link = await accept_link(stream, self.secret)
@@ -301,6 +322,8 @@ class Shipper:
         except (LinkError, trio.TooSlowError) as exc:
             if isinstance(exc, LinkAuthError):
                 self.counters.auth_failures += 1
+            elif isinstance(exc, LinkTlsError):
+                self.counters.tls_failures += 1
             log.warning("standby refused", reason=str(exc))
             await trio.aclose_forcefully(stream)
             return

@@ -6,6 +6,9 @@ thread) before the answer leaves; one lock around decide-and-persist, so no answ
 rests on a state that is not on disk yet. A term file that cannot be written stops the
 witness (the error propagates): answering without persisting could grant a term twice.
 A bad handshake, MAC or frame costs only that connection: WITNESS_ERROR, counted, closed.
+With ``tls`` (``--ca --cert --key``) every connection is first a mutual TLS handshake, in
+its own task within ``HELLO_TIMEOUT``; one that fails (plain text, a certificate the CA did
+not sign) is counted (``tls_failures``), logged and closed. SIGHUP reads the files again.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from broker.ha.codec import (
 from broker.ha.messages import OK, Renew
 from broker.ha.stream import FrameStream
 from broker.ha.termfile import TermFile
+from broker.ha.tls import PairTls, TlsHandshakeFailed, peer_address
 from broker.ha.witness_state import WitnessState
 from broker.log import get_logger
+from broker.security.reload import reload_all
 
 __all__ = ["Witness", "WitnessCounters", "run_witness"]
 
@@ -51,6 +56,7 @@ class WitnessCounters:
     connections: int = 0
     auth_failures: int = 0
     protocol_errors: int = 0
+    tls_failures: int = 0
     renewals_granted: int = 0
     renewals_stale: int = 0
     votes_granted: int = 0
@@ -63,9 +69,12 @@ class WitnessCounters:
 class Witness:
     """The witness: its state machine, its term file and its counters."""
 
-    def __init__(self, termfile: TermFile, secret: bytes, *, lease: float) -> None:
+    def __init__(
+        self, termfile: TermFile, secret: bytes, *, lease: float, tls: PairTls | None = None
+    ) -> None:
         self.termfile = termfile
         self.secret = secret
+        self.tls = tls
         self.counters = WitnessCounters()
         # Loaded (and so checked) before any listener opens; the clock starts the lease wait.
         self.state = WitnessState(termfile.load(), lease=lease, now=trio.current_time())
@@ -81,12 +90,22 @@ class Witness:
         self.port = bound
         state = self.state.state
         log.info("witness listening", host=host, port=bound, term=state.term,
-                 primary=state.primary, lease=self.state.lease)  # fmt: skip
+                 primary=state.primary, lease=self.state.lease,
+                 tls=self.tls is not None)  # fmt: skip
         task_status.started(bound)
         await trio.serve_listeners(self.handle, listeners)
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         self.counters.connections += 1
+        if self.tls is not None:
+            peer = peer_address(stream)
+            try:
+                stream = await self.tls.accept(stream, HELLO_TIMEOUT)
+            except TlsHandshakeFailed as exc:
+                self.counters.tls_failures += 1
+                log.warning("witness connection refused: TLS handshake failed", peer=peer,
+                            reason=str(exc), tls_failures=self.counters.tls_failures)  # fmt: skip
+                return
         frames = FrameStream(stream)
         async with stream:
             try:
@@ -156,24 +175,36 @@ async def run_witness(
     secret: bytes,
     *,
     lease: float,
+    tls: PairTls | None = None,
     handle_signals: bool = False,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve a witness until cancelled (or SIGTERM/SIGINT with ``handle_signals``).
+    """Serve a witness until cancelled (or SIGTERM/SIGINT with ``handle_signals``; SIGHUP
+    then reloads ``tls``'s files).
 
     A bad term file or data dir raises ``TermFileError`` before anything listens.
     """
     termfile = TermFile(data_dir)
     try:
-        witness = Witness(termfile, secret, lease=lease)
+        witness = Witness(termfile, secret, lease=lease, tls=tls)
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+                if tls is not None:
+                    nursery.start_soon(_reload_on_signal, tls)
             await nursery.start(witness.serve, host, port)
             task_status.started(witness)
         log.info("witness stopped", term=witness.state.state.term, **witness.counters.snapshot())
     finally:
         termfile.close()
+
+
+async def _reload_on_signal(tls: PairTls) -> None:
+    """SIGHUP: read the certificate files again (bad files keep the old ones, logged)."""
+    with trio.open_signal_receiver(signal.SIGHUP) as received:
+        async for _signum in received:
+            log.info("signal", signal="SIGHUP")
+            reload_all([tls])
 
 
 async def _stop_on_signal(scope: trio.CancelScope) -> None:

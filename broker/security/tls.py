@@ -82,16 +82,23 @@ def _load_ca(context: ssl.SSLContext, path: str, what: str) -> None:
 
 
 def server_context(
-    cert: str, key: str, client_ca: str | None = None, require_client_cert: bool = False
+    cert: str,
+    key: str,
+    client_ca: str | None = None,
+    require_client_cert: bool = False,
+    *,
+    what: str = "tls",
+    ca_key: str = "client_ca",
 ) -> ssl.SSLContext:
     """A listener's context: TLS 1.2 or later, our certificate, and with ``client_ca`` the
     client certificates verified against it (required, or optional but checked when one is
-    offered). Raises ``ConfigError`` naming the file and the problem."""
+    offered). Raises ``ConfigError`` naming the file and the problem (``what`` and ``ca_key``:
+    the table and key it was configured with)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = MINIMUM_VERSION
-    _load_chain(context, cert, key, "tls")
+    _load_chain(context, cert, key, what)
     if client_ca is not None:
-        _load_ca(context, client_ca, "tls client_ca")
+        _load_ca(context, client_ca, f"{what} {ca_key}")
         context.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     return context
 
