@@ -110,7 +110,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.address import DEFAULT_PORT, parse_host_port, parse_listen
+from broker.address import DEFAULT_PORT, parse_host_port, parse_listen, parse_peer_addresses
+from broker.ha.pairid import pair_id
 from broker.ha.timing import DEFAULT_FAILURE_TIMEOUT, DEFAULT_LEASE, Timing
 from broker.trust import BROKER, OBSERVER, TrustedPeer, parse_entries
 from broker.wire.buffer import DEFAULT_MAX_FRAME, MAX_LENGTH
@@ -216,6 +217,17 @@ class BrokerConfig:
             return self.ha_link_port
         partner = parse_host_port(self.ha_partner or "")
         return (partner[1] if partner is not None else self.port) + 1
+
+    @property
+    def broker_id(self) -> str | None:
+        """The id this broker presents to clients, peers and observers: ``server_id``; with
+        [ha] and no ``server_id``, the pair's id (``broker/ha/pairid.py``: both brokers of
+        a pair present one id); None: none chosen (the broker takes ``topiary-PID``)."""
+        if self.server_id:
+            return self.server_id
+        if self.ha_configured and self.ha_secret:
+            return pair_id(self.ha_secret)
+        return None
 
     @property
     def ha_configured(self) -> bool:
@@ -463,9 +475,15 @@ def _check(cfg: BrokerConfig) -> None:
 
 def _check_peering(cfg: BrokerConfig) -> None:
     for peer in cfg.peers:
-        address = peer.removeprefix("tls://") if isinstance(peer, str) else peer
-        if not isinstance(address, str) or parse_host_port(address) is None:
+        if not isinstance(peer, str):
             raise ConfigError(f"peers must be HOST:PORT or tls://HOST:PORT strings, got {peer!r}")
+        try:
+            parse_peer_addresses(peer)  # a pair's two brokers: "A,B"
+        except ValueError as exc:
+            raise ConfigError(
+                f'peers must be HOST:PORT or tls://HOST:PORT strings (a pair: "A,B"), '
+                f"got {peer!r}: {exc}"
+            ) from None
     if (cfg.peer_cert is None) != (cfg.peer_key is None):
         raise ConfigError("peering cert and key go together: set both or neither")
     if not 1 <= cfg.hop_limit <= 255:
@@ -520,16 +538,15 @@ def _check_trusted(cfg: BrokerConfig) -> None:
             if entry.id in seen:
                 raise ConfigError(f"[[peering.{table}]] id {entry.id!r} is listed twice")
             seen.add(entry.id)
-            if cfg.server_id and entry.id == cfg.server_id:
+            if entry.id == cfg.broker_id:
                 raise ConfigError(
                     f"[[peering.{table}]] id {entry.id!r} is this broker's own server_id"
                 )
-            address = entry.address
-            if address is not None and parse_host_port(address.removeprefix("tls://")) is None:
-                raise ConfigError(
-                    f"[[peering.{table}]] {entry.id}: address must be HOST:PORT or "
-                    f"tls://HOST:PORT, got {address!r}"
-                )
+            if entry.address is not None:
+                try:
+                    parse_peer_addresses(entry.address)  # a pair's two brokers: "A,B"
+                except ValueError as exc:
+                    raise ConfigError(f"[[peering.{table}]] {entry.id}: address {exc}") from None
     if cfg.trusted_peers and cfg.peers:
         raise ConfigError(
             "[peering] peers cannot be combined with [[peering.peer]]: give each peer to dial "
