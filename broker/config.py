@@ -9,7 +9,7 @@ key, never a traceback and never a silently ignored typo.
     port = 7474
     data_dir = "/var/lib/topiary"
     log_format = "json"            # console | json
-    server_id = "broker-a"
+    server_id = "broker-a"         # an [ha] pair: the same on both (unset: derived, ha/pairid.py)
 
     [limits]
     max_frame = 1048576            # bytes per frame, checked before buffering
@@ -55,7 +55,8 @@ key, never a traceback and never a silently ignored typo.
     websocket = "127.0.0.1:8083"   # MQTT over WebSocket, path /mqtt, subprotocol mqtt
 
     [peering]                      # peer brokers (docs/peering.md); server_id is the broker id
-    peers = ["10.0.0.2:7474"]      # brokers to dial; links are also accepted from any broker
+    peers = ["10.0.0.2:7474"]      # brokers to dial ("A,B": a hot-spare pair, in turn); links
+                                   #   are also accepted from any broker
     secret = "mesh-secret"         # PEER_HELLO must carry it (both ends set the same)
     hop_limit = 16                 # links a forwarded event may cross
     sync_timeout = 5.0             # seconds a `sync` SUB waits for every broker's ack
