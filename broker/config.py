@@ -613,6 +613,8 @@ def _check_ha(cfg: BrokerConfig) -> None:
             raise ConfigError(f"ha {key} must be a port (1-65535), got {port!r}")
     if cfg.ha_failover not in HA_FAILOVERS:
         raise ConfigError(f'ha failover must be "witness" or "manual", got {cfg.ha_failover!r}')
+    if not cfg.server_id:  # the pair's id: derived now (scrypt, ~50 ms, cached), not later
+        pair_id(cfg.ha_secret)  # on the promotion path, where a standby starts to serve
 
 
 def check_ha_timing(lease: float, failure_timeout: float) -> None:
