@@ -465,6 +465,7 @@ def _check_filter(text: str, dialect: str) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from broker.config import ConfigError, build_config
+    from broker.listeners import ListenError
     from broker.log import configure_logging
     from broker.server import run_broker
 
@@ -496,11 +497,8 @@ def _serve(args: argparse.Namespace) -> int:
         trio.run(lambda: run_broker(config, handle_signals=True))
     except ConfigError as exc:  # a file the config names (users, ACL, certificates) is bad
         raise UsageError(str(exc)) from None
-    except OSError as exc:
-        print(
-            f"topiary serve: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
+    except ListenError as exc:  # names the port and the key that asked for it
+        print(f"topiary serve: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     return 0
 

@@ -21,13 +21,15 @@ from typing import Any
 
 import trio
 
-from broker.address import parse_listen, parse_peer_addresses
+from broker.address import parse_peer_addresses
 from broker.config import BrokerConfig
 from broker.core import Broker
+from broker.core.counters import Counters
 from broker.ha.elector import Elector
 from broker.ha.pair import standby_until_promoted, start_shipping
 from broker.ha.timing import Timing
 from broker.http import HttpServer, broker_routes
+from broker.listeners import TLS_KINDS, Listeners, open_listeners
 from broker.log import get_logger
 from broker.mesh import Peering
 from broker.mqtt.connection import MqttConnection
@@ -35,7 +37,7 @@ from broker.mqtt.state import MqttFrontEnd
 from broker.native import ClientConnection, KeepaliveSweeper
 from broker.security import Reloadable, reload_all
 from broker.security.acl_file import AclFile
-from broker.security.tls import ClientTls, ServerTls, TlsListener, open_tls_listeners
+from broker.security.tls import ClientTls, ServerTls, TlsListener
 from broker.store import Store
 
 log = get_logger("topiary.server")
@@ -203,13 +205,34 @@ async def run_broker(
     if not config.ha_configured:
         await _serve(config, broker, handle_signals, None, None, task_status)
         return
+    # A broker of the pair binds every port once and holds them whatever its role.
+    tls = ServerTls(config, Counters()) if config.tls_cert is not None else None
+    held = await open_listeners(config, tls, link=True)
+    try:
+        await _run_pair(config, broker, handle_signals, held, tls, task_status)
+    finally:
+        with trio.CancelScope(shield=True):
+            await held.aclose()
+
+
+async def _run_pair(
+    config: BrokerConfig,
+    broker: Broker | None,
+    handle_signals: bool,
+    held: Listeners,
+    tls: ServerTls | None,
+    task_status: trio.TaskStatus[Server],
+) -> None:
+    """The role loop of a pair's broker, on the sockets it ``held`` since its start."""
+    serve = partial(_serve, held=held, tls=tls)
+    wait = partial(standby_until_promoted, held=held)
     if config.ha_failover == "manual":
         term: int | None = None
         if config.ha_role == "standby":
-            term = await standby_until_promoted(config, handle_signals=handle_signals)
+            term = await wait(config, handle_signals=handle_signals)
             if term is None:
                 return
-        await _serve(config, broker, handle_signals, term, None, task_status)
+        await serve(config, broker, handle_signals, term, None, task_status)
         return
     assert config.data_dir is not None and config.ha_witness is not None
     assert config.ha_secret is not None and config.ha_role is not None
@@ -225,13 +248,11 @@ async def run_broker(
         status: trio.TaskStatus[Server] = task_status
         while True:
             if not elector.is_primary:
-                promoted = await standby_until_promoted(
-                    config, handle_signals=handle_signals, elector=elector
-                )
+                promoted = await wait(config, handle_signals=handle_signals, elector=elector)
                 if promoted is None:
                     break
             term = elector.term
-            stepped_down = await _serve(config, broker, handle_signals, term, elector, status)
+            stepped_down = await serve(config, broker, handle_signals, term, elector, status)
             status, broker = trio.TASK_STATUS_IGNORED, None  # the next phase has its own
             if not stepped_down:
                 break
@@ -246,11 +267,20 @@ async def _serve(
     term: int | None,
     elector: Elector | None,
     task_status: trio.TaskStatus[Server],
+    held: Listeners | None = None,
+    tls: ServerTls | None = None,
 ) -> bool:
     """Serve clients as a single broker or a primary (of ``term``); True when it stopped
-    because ``elector`` stepped down (then the caller follows the new primary)."""
+    because ``elector`` stepped down (then the caller follows the new primary).
+
+    A pair's broker passes the sockets (and TLS contexts) it ``held`` since its start; a
+    single broker binds its own here, and they close when it stops."""
     stepped_down = False
     async with AsyncExitStack() as stack:
+        stops = hups = None
+        if handle_signals:  # first: a signal that comes while the broker starts is kept
+            stops = stack.enter_context(trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM))
+            hups = stack.enter_context(trio.open_signal_receiver(signal.SIGHUP))
         store = None
         data_dir = config.data_dir
         mqtt = _serves_mqtt(config)
@@ -287,21 +317,22 @@ async def _serve(
             # (after the users: away durable sessions get their owners' groups from the
             # users file a SIGHUP has just read)
             server.reloadables.append(acl)
-        if config.tls_cert is not None:  # bad files stop start-up here (ConfigError)
+        if tls is not None:
+            server.tls = tls
+            tls.counters = broker.counters  # this phase's handshake failures
+            server.reloadables.append(tls)
+        elif config.tls_cert is not None:  # bad files stop start-up here (ConfigError)
             server.tls = ServerTls(config, broker.counters)
             server.reloadables.append(server.tls)
         if isinstance(broker.peering, Peering) and _dials_tls(config):
             broker.peering.tls = ClientTls(config)
             server.reloadables.append(broker.peering.tls)
-        listeners = await trio.open_tcp_listeners(config.port, host=config.host)
-        mqtt_listeners = await _listen(config.mqtt_listen)
-        mqtt_ws_listeners = await _listen(config.mqtt_websocket)
-        secure = {
-            "native": await open_tls_listeners(config.tls_listen_native, server.tls),
-            "mqtt": await open_tls_listeners(config.tls_listen_mqtt, server.tls),
-            "websocket": await open_tls_listeners(config.tls_listen_websocket, server.tls),
-            "http": await open_tls_listeners(config.tls_listen_http, server.tls),
-        }
+        if held is not None:
+            listeners = held.lend()
+        else:
+            listeners = await open_listeners(config, server.tls, link=shipper is not None)
+            stack.push_async_callback(listeners.aclose)  # when start-up fails half way
+        secure = {kind: listeners.secure(kind) for kind in TLS_KINDS}
         for kind, opened in secure.items():
             if opened:
                 server.tls_addresses[kind] = [tl.socket.getsockname()[:2] for tl in opened]
@@ -314,30 +345,29 @@ async def _serve(
                 await nursery.start(_run_in_scope, server.mqtt.run, timers)
             signals = trio.CancelScope()
             reloads = trio.CancelScope()
-            if handle_signals:
-                nursery.start_soon(_shutdown_on_signal, server, signals)
-                nursery.start_soon(_reload_on_signal, server, reloads)
+            if stops is not None and hups is not None:
+                nursery.start_soon(_shutdown_on_signal, server, stops, signals)
+                nursery.start_soon(_reload_on_signal, server, hups, reloads)
             await nursery.start(broker.peering.run)
             link = trio.CancelScope()
             if shipper is not None:
-                link_listeners = await trio.open_tcp_listeners(config.ha_link, host=config.host)
-                await nursery.start(_run_in_scope, partial(shipper.serve, link_listeners), link)
+                await nursery.start(_run_in_scope, partial(shipper.serve, listeners.link), link)
                 log.info("primary", term=shipper.term, link=config.ha_link, sync=config.ha_sync)
             if acl is not None:  # the ACL file's store removals
                 await nursery.start(acl.run)
             operators = trio.CancelScope()
-            if config.http_listen is not None or secure["http"]:
+            if listeners.http or secure["http"]:
                 server.http = HttpServer(
                     broker_routes(broker), request_timeout=config.http_request_timeout
                 )
-                http_listeners = [*await _listen(config.http_listen), *secure["http"]]
+                http_listeners = [*listeners.http, *secure["http"]]
                 await nursery.start(_serve_http, server.http, http_listeners, operators)
             await nursery.start(
                 partial(
                     server.serve,
-                    [*listeners, *secure["native"]],
-                    mqtt_listeners=[*mqtt_listeners, *secure["mqtt"]],
-                    mqtt_ws_listeners=[*mqtt_ws_listeners, *secure["websocket"]],
+                    [*listeners.native, *secure["native"]],
+                    mqtt_listeners=[*listeners.mqtt, *secure["mqtt"]],
+                    mqtt_ws_listeners=[*listeners.mqtt_ws, *secure["websocket"]],
                 )
             )
             task_status.started(server)
@@ -389,16 +419,6 @@ def _dials_tls(config: BrokerConfig) -> bool:
     )
 
 
-async def _listen(listen: str | None) -> list[trio.SocketListener]:
-    """Listeners for ``HOST:PORT`` (checked with the config), or none."""
-    if listen is None:
-        return []
-    parsed = parse_listen(listen)
-    assert parsed is not None
-    host, port = parsed
-    return await trio.open_tcp_listeners(port, host=host)
-
-
 async def _run_in_scope(
     fn: Any,
     scope: trio.CancelScope,
@@ -420,16 +440,16 @@ async def _serve_http(
         await http.serve(listeners, task_status=task_status)
 
 
-async def _reload_on_signal(server: Server, scope: trio.CancelScope) -> None:
+async def _reload_on_signal(server: Server, received: Any, scope: trio.CancelScope) -> None:
     """SIGHUP re-reads certificates, users and ACL rules; a bad file keeps the old state."""
-    with scope, trio.open_signal_receiver(signal.SIGHUP) as received:
+    with scope:
         async for _signum in received:
             log.info("signal", signal="SIGHUP")
             server.reload()
 
 
-async def _shutdown_on_signal(server: Server, scope: trio.CancelScope) -> None:
-    with scope, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+async def _shutdown_on_signal(server: Server, received: Any, scope: trio.CancelScope) -> None:
+    with scope:
         async for signum in received:
             log.info("signal", signal=signal.Signals(signum).name)
             server.shutdown()

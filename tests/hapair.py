@@ -82,15 +82,21 @@ class Pair:
                 await trio.sleep(0.01)  # bounded by fail_after: the shipper notices the EOF
 
     async def in_sync(self) -> None:
-        """Wait (bounded) until the standby is caught up and waited for."""
+        """Wait (bounded) until the standby is caught up and waited for. The primary says
+        "in sync" once it has *sent* everything (a snapshot included); the follower's own
+        position says when it has installed it."""
         with trio.fail_after(20):
             while not self.shipper.in_sync:
                 await trio.sleep(0.01)
+        if self.follower is not None:
+            await self.caught_up()
 
     async def caught_up(self) -> None:
         assert self.follower is not None
         with trio.fail_after(20):
             await self.follower.wait_for(self.shipper.position.seq)
+            while self.follower.position.digest != self.shipper.position.digest:
+                await trio.sleep(0.01)  # a snapshot over a store already at that seq (bounded)
 
 
 @asynccontextmanager

@@ -34,24 +34,25 @@ class Node:
     name: str
     port: int
     mqtt_port: int
+    link_port: int  # its own (a pair on one host cannot share one)
     data_dir: Path
     log: Path
     proc: subprocess.Popen | None = None
     starts: list[int] = field(default_factory=list)
 
-    def config(self, role: str, partner: Node, link_port: int) -> Path:
+    def config(self, role: str, partner: Node) -> Path:
         path = self.data_dir.parent / f"{self.name}.toml"
         path.write_text(
             f'[server]\nport = {self.port}\nhost = "127.0.0.1"\ndata_dir = "{self.data_dir}"\n'
             f'[mqtt]\nlisten = "127.0.0.1:{self.mqtt_port}"\n'
             f'[ha]\nrole = "{role}"\npartner = "127.0.0.1:{partner.port}"\n'
             f'witness = "127.0.0.1:1"\nsecret = "pair-secret"\nfailover = "manual"\n'
-            f"link_port = {link_port}\n"
+            f"link_port = {self.link_port}\npartner_link_port = {partner.link_port}\n"
         )
         return path
 
-    def start(self, role: str, partner: Node, link_port: int) -> None:
-        config = self.config(role, partner, link_port)
+    def start(self, role: str, partner: Node) -> None:
+        config = self.config(role, partner)
         with self.log.open("ab") as log:
             self.starts.append(self.log.stat().st_size)
             self.proc = subprocess.Popen(
@@ -121,7 +122,16 @@ def nodes(tmp_path: Path):  # type: ignore[no-untyped-def]
     pair = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        pair.append(Node(name, free_port(), free_port(), tmp_path / name, tmp_path / f"{name}.log"))
+        pair.append(
+            Node(
+                name,
+                free_port(),
+                free_port(),
+                free_port(),
+                tmp_path / name,
+                tmp_path / f"{name}.log",
+            )
+        )
     yield pair
     for node in pair:
         node.stop()
@@ -129,9 +139,8 @@ def nodes(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def test_the_standby_refuses_clients_and_names_the_primary(nodes: list[Node]) -> None:
     a, b = nodes
-    link = free_port()
-    a.start("primary", b, link)
-    b.start("standby", a, link)
+    a.start("primary", b)
+    b.start("standby", a)
 
     async def native() -> None:
         with pytest.raises(BrokerError) as refused:
@@ -162,17 +171,16 @@ def test_kill_9_of_the_primary_loses_no_confirmed_message_after_promotion(
     nodes: list[Node],
 ) -> None:
     rng = random.Random(20)
-    link = free_port()
     confirmed: set[str] = set()
 
     async def main() -> None:
         primary, standby = nodes
-        primary.start("primary", standby, link)
+        primary.start("primary", standby)
         async with connect(("127.0.0.1", primary.port), client_id=SESSION, durable=True) as c:
             async with c.subscribe("ha/>"):
                 await c.ping()  # the session holds the filter: it stores from now on
         for round_no in range(ROUNDS):
-            standby.start("standby", primary, link)
+            standby.start("standby", primary)
             await _until(lambda p=primary: p.logged("standby in sync") >= 1, "in sync")
             enough = trio.Event()
             with trio.CancelScope() as load:

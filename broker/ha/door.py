@@ -11,12 +11,15 @@ by ``hello_timeout``; the door never touches the store.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import trio
 
 from broker.errors import ErrorCode, RemoteProtocolError
+from broker.listeners import Listeners
 from broker.log import get_logger
 from broker.mqtt import reasons as R
 from broker.mqtt.codec import MqttError, encode
@@ -34,6 +37,8 @@ log = get_logger("topiary.ha.door")
 class DoorCounters:
     refused_native: int = 0
     refused_mqtt: int = 0
+    #: Connections to ports a standby does not answer on (WebSocket, HTTP, the link).
+    closed_other: int = 0
 
 
 class StandbyDoor:
@@ -50,18 +55,53 @@ class StandbyDoor:
         self.status = status
 
     async def serve(
-        self,
-        native: list[trio.SocketListener],
-        mqtt: list[trio.SocketListener],
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        self, listeners: Listeners, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        """Answer on every socket of the broker until cancelled: native and MQTT clients
+        (over TLS too) are refused in their protocol; the other ports (WebSocket, HTTP, the
+        replication link) are closed at once, so whoever dialled moves on without waiting."""
+        handlers: list[tuple[list[Any], Callable[[trio.abc.Stream], Awaitable[None]]]] = [
+            ([*listeners.native, *listeners.secure("native")], self._native),
+            ([*listeners.mqtt, *listeners.secure("mqtt")], self._mqtt),
+            (
+                [
+                    *listeners.mqtt_ws,
+                    *listeners.secure("websocket"),
+                    *listeners.http,
+                    *listeners.secure("http"),
+                    *listeners.link,
+                ],
+                self._close,
+            ),
+        ]
         async with trio.open_nursery() as nursery:
-            for listener in native:
-                nursery.start_soon(trio.serve_listeners, self._native, [listener])
-            for listener in mqtt:
-                nursery.start_soon(trio.serve_listeners, self._mqtt, [listener])
+            for group, handler in handlers:
+                for listener in group:
+                    nursery.start_soon(
+                        trio.serve_listeners, partial(self._secure, handler), [listener]
+                    )
             task_status.started()
+
+    async def _secure(
+        self, handler: Callable[[trio.abc.Stream], Awaitable[None]], stream: trio.abc.Stream
+    ) -> None:
+        """A TLS stream's handshake (bounded by ``hello_timeout``) before ``handler``."""
+        if isinstance(stream, trio.SSLStream):
+            with trio.move_on_after(self.hello_timeout):
+                try:
+                    await stream.do_handshake()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                else:
+                    await handler(stream)
+                    return
+            await trio.aclose_forcefully(stream)
+            return
+        await handler(stream)
+
+    async def _close(self, stream: trio.abc.Stream) -> None:
+        self.counters.closed_other += 1
+        await trio.aclose_forcefully(stream)
 
     async def _native(self, stream: trio.abc.Stream) -> None:
         async with stream:

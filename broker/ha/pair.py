@@ -21,6 +21,7 @@ from broker.ha.door import StandbyDoor
 from broker.ha.elector import Elector
 from broker.ha.follower import Follower
 from broker.ha.shipping import Shipper
+from broker.listeners import Listeners
 from broker.log import get_logger
 from broker.store import Store
 
@@ -30,11 +31,16 @@ log = get_logger("topiary.ha")
 
 
 async def standby_until_promoted(
-    config: BrokerConfig, *, handle_signals: bool, elector: Elector | None = None
+    config: BrokerConfig,
+    *,
+    handle_signals: bool,
+    held: Listeners,
+    elector: Elector | None = None,
 ) -> int | None:
     """Follow the primary and refuse clients until promoted: by the witness (``elector``)
     or, with manual failover, by SIGUSR1; return the term to serve in, or None on
-    SIGINT/SIGTERM (stop)."""
+    SIGINT/SIGTERM (stop). The door answers on the sockets the broker ``held`` since
+    its start (broker/listeners.py), and leaves them open for the primary."""
     assert config.ha_partner is not None and config.ha_secret is not None
     assert config.data_dir is not None
     partner = parse_host_port(config.ha_partner)
@@ -44,16 +50,11 @@ async def standby_until_promoted(
     )
     follower.gate = elector
     door = StandbyDoor(config.ha_partner, config.hello_timeout, partial(_state, follower, elector))
-    native = await trio.open_tcp_listeners(config.port, host=config.host)
-    mqtt = []
-    if config.mqtt_listen is not None:
-        host, port = parse_host_port(config.mqtt_listen) or ("", 0)
-        mqtt = await trio.open_tcp_listeners(port, host=host or None)
     promoted = False
     async with trio.open_nursery() as nursery:
         link = config.ha_partner_link
         await nursery.start(follower.run, partner[0], link)
-        await nursery.start(door.serve, native, mqtt)
+        await nursery.start(door.serve, held.lend())
         log.info("standby", primary=config.ha_partner, link=f"{partner[0]}:{link}",
                  seq=follower.position.seq)  # fmt: skip
         if elector is not None:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import trio
 
-from broker.address import PEER_TLS_SCHEME, parse_host_port, parse_listen, parse_peer_addresses
+from broker.address import PEER_TLS_SCHEME, parse_host_port, parse_peer_addresses
 from broker.config import BrokerConfig, ConfigError
 from broker.log import get_logger
 
@@ -180,17 +180,6 @@ class TlsListener(trio.abc.Listener[trio.SSLStream[Any]]):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
-
-
-async def open_tls_listeners(listen: str | None, tls: ServerTls | None) -> list[TlsListener]:
-    """TLS listeners on ``HOST:PORT`` (checked with the config), or none."""
-    if listen is None:
-        return []
-    assert tls is not None  # the config requires cert and key with any TLS listener
-    parsed = parse_listen(listen)
-    assert parsed is not None
-    host, port = parsed
-    return [TlsListener(inner, tls) for inner in await trio.open_tcp_listeners(port, host=host)]
 
 
 @dataclass(frozen=True, slots=True)
