@@ -138,7 +138,7 @@ def test_a_peer_of_the_pair_follows_the_primary_through_a_kill_9_with_one_entry_
 
             a.kill()
             await _until(lambda: b.logged("promoted by the witness") == 1, "promoted", 20)
-            await _accepting(b.port)  # (its door closes, then it serves)
+            await _accepting(b.port)  # (its door refuses until it serves)
             async with connect([a.address, b.address]) as at_b:
                 after = await _origin(at_c, pair)
                 assert after["incarnation"] > before["incarnation"]  # the same id, replaced

@@ -19,6 +19,7 @@ from broker.config import BrokerConfig, ConfigError, build_config
 from broker.core import Broker
 from broker.ha.door import StandbyDoor
 from broker.ha.pairid import pair_id
+from broker.listeners import Listeners
 from tests.bridgekit import config_dict
 from tests.conftest import running_broker
 from tests.test_peering import server_text, wait_for
@@ -136,9 +137,9 @@ def test_a_bad_bridge_server_list_is_one_line(server: object, message: str) -> N
 async def _door(nursery: trio.Nursery, primary: str) -> tuple[StandbyDoor, str]:
     """A standby's door (what a standby listens with) on a free port, naming ``primary``."""
     door = StandbyDoor(primary, hello_timeout=5)
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    await nursery.start(door.serve, listeners, [])
-    return door, format_address(listeners[0].socket.getsockname()[:2])
+    native = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    await nursery.start(door.serve, Listeners(native=native))
+    return door, format_address(native[0].socket.getsockname()[:2])
 
 
 async def test_a_peer_entry_naming_a_standby_first_links_to_the_primary() -> None:
