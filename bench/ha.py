@@ -148,7 +148,7 @@ def run(tasks: int, seconds: float, work: Path) -> dict[str, Any]:
     finally:
         _stop(single)
     ports = {"a": _free_port(), "b": _free_port()}
-    link = _free_port()
+    links = {"a": _free_port(), "b": _free_port()}  # each binds its own at start
     procs = []
     try:
         for name, role, partner in (("a", "primary", "b"), ("b", "standby", "a")):
@@ -158,7 +158,8 @@ def run(tasks: int, seconds: float, work: Path) -> dict[str, Any]:
                 f'[server]\nport = {ports[name]}\nhost = "127.0.0.1"\n'
                 f'data_dir = "{work / name}"\n[ha]\nrole = "{role}"\n'
                 f'partner = "127.0.0.1:{ports[partner]}"\nwitness = "127.0.0.1:1"\n'
-                f'secret = "bench"\nfailover = "manual"\nlink_port = {link}\nsync = true\n'
+                f'secret = "bench"\nfailover = "manual"\nlink_port = {links[name]}\n'
+                f"partner_link_port = {links[partner]}\nsync = true\n"
             )
             procs.append(_start(["--config", str(config)], work / f"{name}.log", ports[name]))
         _wait_logged(work / "a.log", "standby in sync")

@@ -17,7 +17,8 @@ the few settings the bridge's delivery guarantee depends on (see ``_OWNED_KAFKA_
     template = "beacon/{region}/{country}/{site}/{section}/{event}"
 
     [broker]
-    server = "127.0.0.1:7474"
+    server = "127.0.0.1:7474"      # a hot-spare pair: "10.0.0.1:7474,10.0.0.2:7474" (or a
+                                   #   list): the bridge publishes to whichever is primary
     token = "secret"               # optional: the broker's [auth] token
     username = "bridge"            # optional: a user of the broker's users file, with
     password = "..."               #   its password (HELLO credentials of the publisher)
@@ -243,7 +244,7 @@ _TABLES: dict[str, dict[str, tuple[type, ...]]] = {
     "source": {"topic": (str,), "format": (str,), "dead_letter_topic": (str,)},
     "mapping": {"template": (str,)},
     "broker": {
-        "server": (str,),
+        "server": (str, list),  # a list: a hot-spare pair, as "A,B"
         "token": (str,),
         "username": (str,),
         "password": (str,),
@@ -318,7 +319,13 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
                     f"[{table}] {key} must be {names}, got {type(value).__name__} {value!r}"
                 )
     kafka = _check_kafka(document["kafka"])
-    source, broker = document["source"], document["broker"]
+    source, broker = document["source"], {**document["broker"]}
+    if isinstance(broker["server"], list):  # held as the client's "A,B"
+        if not all(isinstance(entry, str) and entry for entry in broker["server"]):
+            raise ConfigError(
+                f"[broker] server must list HOST:PORT strings, got {broker['server']!r}"
+            )
+        broker["server"] = ",".join(broker["server"])
     _check_nonempty("source", source, ("topic", "dead_letter_topic", "format"))
     _check_nonempty(
         "broker", broker, ("server", "observer_id", "bridge_id", "username", "ca", "cert", "key")
@@ -331,8 +338,10 @@ def bridge_config_from_dict(document: dict[str, Any]) -> BridgeConfig:
         raise ConfigError(f"[source] format must be 'json' or 'msgpack', got {fmt!r}")
     if source["dead_letter_topic"] == source["topic"]:
         raise ConfigError("[source] dead_letter_topic must differ from topic")
-    if parse_host_port(broker["server"]) is None:
-        raise ConfigError(f"[broker] server must be HOST:PORT, got {broker['server']!r}")
+    try:  # a hot-spare pair: "A,B" (or a list), tried in turn for the primary
+        parse_broker_servers(broker["server"])
+    except ValueError as exc:
+        raise ConfigError(f'[broker] server must be HOST:PORT, or a pair\'s "A,B": {exc}') from None
     try:
         template = TopicTemplate.compile(document["mapping"]["template"])
     except TemplateError as exc:
@@ -450,3 +459,20 @@ def _check_spark(body: dict[str, Any]) -> SparkSettings:
     if settings.filter not in SPARK_FILTERS:
         raise ConfigError(f"[spark] filter must be 'table' or 'regex', got {settings.filter!r}")
     return settings
+
+
+def parse_broker_servers(server: str) -> list[tuple[str, int]]:
+    """The bridge's ``[broker] server``: one ``HOST:PORT`` or several separated by commas
+    (the two brokers of a hot-spare pair), each with its port. Raises ValueError naming
+    the entry at fault."""
+    entries = server.split(",")
+    addresses: list[tuple[str, int]] = []
+    for number, entry in enumerate(entries, 1):
+        where = f"server {number} of {server!r}" if len(entries) > 1 else f"server {server!r}"
+        address = parse_host_port(entry)
+        if address is None:
+            raise ValueError(f"{where} must be HOST:PORT")
+        if address in addresses:
+            raise ValueError(f"{where} is listed twice")
+        addresses.append(address)
+    return addresses

@@ -34,7 +34,8 @@ from typing import Any
 
 import trio
 
-from broker.address import parse_host_port
+from bridges.config import parse_broker_servers
+from broker.address import format_address
 from broker.errors import ErrorCode, RemoteProtocolError, refused_for_good
 from broker.log import get_logger
 from broker.mesh import Keepalive, PeerLink, dial_handshake, update_from
@@ -67,6 +68,7 @@ class RouteCounters:
     updates_applied: int = 0
     snapshot_requests: int = 0
     tls_failures: int = 0  # handshakes failed: the broker's certificate did not verify
+    not_primary: int = 0  # dials a hot-spare pair's standby refused (NOT_PRIMARY): the next
 
 
 class RouteWatcher:
@@ -86,10 +88,8 @@ class RouteWatcher:
         tls: ssl.SSLContext | None = None,
         handshake_timeout: float = 10.0,
     ) -> None:
-        address = parse_host_port(server)
-        if address is None:
-            raise ValueError(f"server must be HOST:PORT, got {server!r}")
-        self.address = address
+        self.addresses = parse_broker_servers(server)
+        self.address = self.addresses[0]  # the one dialled last (or to be dialled first)
         self.observer_id = observer_id
         self.secret = secret
         self.keepalive = keepalive
@@ -134,35 +134,53 @@ class RouteWatcher:
     # -- the link ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Stay attached to the broker for as long as this runs, redialling with backoff."""
+        """Stay attached to the broker for as long as this runs, redialling with backoff.
+
+        With a server list (a hot-spare pair, ``"A,B"``) the servers are tried in turn: one
+        that is down or refuses (a standby answers NOT_PRIMARY) passes to the next at once;
+        the backoff comes after a round in which none opened a link, and a link that opened
+        and was lost starts the next round at the server after it (its partner)."""
         task_status.started()
-        host, port = self.address
         backoff = Backoff(BACKOFF_MIN, self.backoff_max)
+        first = 0
         while True:
-            opened = False
-            try:
-                stream = await self._dial(host, port)
-            except OSError as exc:
-                log.info("route link dial failed", server=f"{host}:{port}", error=str(exc))
-            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
-                self._tls_failed(exc)
-            else:
-                try:
-                    opened = await self._session(stream)
-                except trio.BrokenResourceError as exc:
-                    log.info("route link lost", error=describe_failure(exc))
-                except (trio.ClosedResourceError, OSError) as exc:
-                    log.info("route link lost", error=str(exc))
-                except RemoteProtocolError as exc:
-                    log.warning("route link broken", code=str(exc.code), error=str(exc))
-                finally:
-                    if self.connected:
-                        self.counters.links_lost += 1
-                    self.connected = False
-                    await trio.aclose_forcefully(stream)
-            if opened:
+            opened = None
+            for step in range(len(self.addresses)):
+                index = (first + step) % len(self.addresses)
+                self.address = self.addresses[index]
+                if await self._attach(*self.address):
+                    opened = index
+                    break
+            if opened is not None:
                 backoff.reset()
+                first = (opened + 1) % len(self.addresses)
             await backoff.wait()
+
+    async def _attach(self, host: str, port: int) -> bool:
+        """One dial of ``host:port`` and the link while it lasts; True if it opened."""
+        opened = False
+        try:
+            stream = await self._dial(host, port)
+        except OSError as exc:
+            log.info("route link dial failed", server=f"{host}:{port}", error=str(exc))
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            self._tls_failed(exc)
+        else:
+            try:
+                opened = await self._session(stream)
+            except trio.BrokenResourceError as exc:
+                log.info("route link lost", error=describe_failure(exc))
+            except (trio.ClosedResourceError, OSError) as exc:
+                log.info("route link lost", error=str(exc))
+            except RemoteProtocolError as exc:
+                log.warning("route link broken", code=str(exc.code), error=str(exc))
+            finally:
+                if self.connected:
+                    self.counters.links_lost += 1
+                    opened = True
+                self.connected = False
+                await trio.aclose_forcefully(stream)
+        return opened
 
     async def _dial(self, host: str, port: int) -> trio.abc.Stream:
         """A TCP stream to the broker, or with a context a TLS one, handshaken and the
@@ -202,6 +220,10 @@ class RouteWatcher:
             keepalive=self.keepalive,
         )
         welcome = await dial_handshake(stream, proto, hello)
+        if isinstance(welcome, Error) and welcome.code == ErrorCode.NOT_PRIMARY:
+            self.counters.not_primary += 1  # a pair's standby: its partner serves
+            log.info("broker is a standby", server=format_address(self.address), text=welcome.text)
+            return False
         if isinstance(welcome, Error):
             self.counters.refused += 1
             log.error("broker refused the route link", code=welcome.code, text=welcome.text)

@@ -9,7 +9,8 @@ The rule: surrounding whitespace is ignored; an IPv6 host goes in brackets
 without a port; the port is ASCII digits, in 1..65535. Where a port may be left out
 (``--server``, ``connect``) it defaults to :data:`DEFAULT_PORT`; a peer or a bridge's
 broker must name it. A client's server list (``--server A,B``, ``connect(["A", "B"])``)
-is such addresses separated by commas, each named once. No imports (but
+is such addresses separated by commas, each named once; so is a peer's address list
+(``"tls://a:7443,tls://b:7443"``, the two brokers of a pair). No imports (but
 ``collections.abc``, which Python loads at start-up), so that the CLI can check an
 argument without loading the client.
 """
@@ -124,3 +125,31 @@ def parse_listen(text: str) -> tuple[str, int] | None:
         return split_address(text, default_port=None, listening=True)
     except ValueError:
         return None
+
+
+#: How a peer entry asks for TLS: ``tls://HOST:PORT`` (plain ``HOST:PORT`` stays TCP).
+PEER_TLS_SCHEME = "tls://"
+
+
+def parse_peer_addresses(text: str) -> list[tuple[str, int, bool]]:
+    """A peer's addresses as ``(host, port, tls)``: one ``HOST:PORT`` or ``tls://HOST:PORT``,
+    or several separated by commas (the two brokers of a hot-spare pair, each address with
+    its own scheme), in the order given. Raises ValueError naming the entry at fault (empty,
+    not an address, listed twice)."""
+    entries = text.split(",") if isinstance(text, str) else [text]
+    addresses: list[tuple[str, int, bool]] = []
+    for number, entry in enumerate(entries, 1):
+        where = f"address {number} of {text!r}" if len(entries) > 1 else repr(text)
+        secure = isinstance(entry, str) and entry.strip().startswith(PEER_TLS_SCHEME)
+        parsed = (
+            parse_host_port(entry.strip().removeprefix(PEER_TLS_SCHEME))
+            if isinstance(entry, str)
+            else None
+        )
+        if parsed is None:
+            raise ValueError(f"{where} must be HOST:PORT or tls://HOST:PORT")
+        address = (parsed[0], parsed[1], secure)
+        if address in addresses:
+            raise ValueError(f"{where} is listed twice")
+        addresses.append(address)
+    return addresses

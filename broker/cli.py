@@ -183,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--server-id",
         dest="server_id",
         metavar="ID",
-        help="this broker's id, unique in a mesh of peers (default topiary-PID)",
+        help="this broker's id, unique in a mesh of peers (default topiary-PID; with [ha] the "
+        "pair's id, the same on both brokers)",
     )
     serve.add_argument(
         "--peer",

@@ -9,7 +9,7 @@ key, never a traceback and never a silently ignored typo.
     port = 7474
     data_dir = "/var/lib/topiary"
     log_format = "json"            # console | json
-    server_id = "broker-a"
+    server_id = "broker-a"         # an [ha] pair: the same on both (unset: derived, ha/pairid.py)
 
     [limits]
     max_frame = 1048576            # bytes per frame, checked before buffering
@@ -55,7 +55,8 @@ key, never a traceback and never a silently ignored typo.
     websocket = "127.0.0.1:8083"   # MQTT over WebSocket, path /mqtt, subprotocol mqtt
 
     [peering]                      # peer brokers (docs/peering.md); server_id is the broker id
-    peers = ["10.0.0.2:7474"]      # brokers to dial; links are also accepted from any broker
+    peers = ["10.0.0.2:7474"]      # brokers to dial ("A,B": a hot-spare pair, in turn); links
+                                   #   are also accepted from any broker
     secret = "mesh-secret"         # PEER_HELLO must carry it (both ends set the same)
     hop_limit = 16                 # links a forwarded event may cross
     sync_timeout = 5.0             # seconds a `sync` SUB waits for every broker's ack
@@ -110,7 +111,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.address import DEFAULT_PORT, parse_host_port, parse_listen
+from broker.address import DEFAULT_PORT, parse_host_port, parse_listen, parse_peer_addresses
+from broker.ha.pairid import pair_id
 from broker.ha.timing import DEFAULT_FAILURE_TIMEOUT, DEFAULT_LEASE, Timing
 from broker.trust import BROKER, OBSERVER, TrustedPeer, parse_entries
 from broker.wire.buffer import DEFAULT_MAX_FRAME, MAX_LENGTH
@@ -225,6 +227,17 @@ class BrokerConfig:
     def ha_tls(self) -> bool:
         """Whether the replication link and the calls to the witness are over TLS."""
         return self.ha_cert is not None
+
+    @property
+    def broker_id(self) -> str | None:
+        """The id this broker presents to clients, peers and observers: ``server_id``; with
+        [ha] and no ``server_id``, the pair's id (``broker/ha/pairid.py``: both brokers of
+        a pair present one id); None: none chosen (the broker takes ``topiary-PID``)."""
+        if self.server_id:
+            return self.server_id
+        if self.ha_configured and self.ha_secret:
+            return pair_id(self.ha_secret)
+        return None
 
     @property
     def ha_configured(self) -> bool:
@@ -483,9 +496,15 @@ def _check(cfg: BrokerConfig) -> None:
 
 def _check_peering(cfg: BrokerConfig) -> None:
     for peer in cfg.peers:
-        address = peer.removeprefix("tls://") if isinstance(peer, str) else peer
-        if not isinstance(address, str) or parse_host_port(address) is None:
+        if not isinstance(peer, str):
             raise ConfigError(f"peers must be HOST:PORT or tls://HOST:PORT strings, got {peer!r}")
+        try:
+            parse_peer_addresses(peer)  # a pair's two brokers: "A,B"
+        except ValueError as exc:
+            raise ConfigError(
+                f'peers must be HOST:PORT or tls://HOST:PORT strings (a pair: "A,B"), '
+                f"got {peer!r}: {exc}"
+            ) from None
     if (cfg.peer_cert is None) != (cfg.peer_key is None):
         raise ConfigError("peering cert and key go together: set both or neither")
     if not 1 <= cfg.hop_limit <= 255:
@@ -540,16 +559,15 @@ def _check_trusted(cfg: BrokerConfig) -> None:
             if entry.id in seen:
                 raise ConfigError(f"[[peering.{table}]] id {entry.id!r} is listed twice")
             seen.add(entry.id)
-            if cfg.server_id and entry.id == cfg.server_id:
+            if entry.id == cfg.broker_id:
                 raise ConfigError(
                     f"[[peering.{table}]] id {entry.id!r} is this broker's own server_id"
                 )
-            address = entry.address
-            if address is not None and parse_host_port(address.removeprefix("tls://")) is None:
-                raise ConfigError(
-                    f"[[peering.{table}]] {entry.id}: address must be HOST:PORT or "
-                    f"tls://HOST:PORT, got {address!r}"
-                )
+            if entry.address is not None:
+                try:
+                    parse_peer_addresses(entry.address)  # a pair's two brokers: "A,B"
+                except ValueError as exc:
+                    raise ConfigError(f"[[peering.{table}]] {entry.id}: address {exc}") from None
     if cfg.trusted_peers and cfg.peers:
         raise ConfigError(
             "[peering] peers cannot be combined with [[peering.peer]]: give each peer to dial "
@@ -621,6 +639,8 @@ def _check_ha(cfg: BrokerConfig) -> None:
             "ha ca, cert and key go together (mutual TLS: each side checks the other's "
             f"certificate against ca), got only {', '.join(tls_files)}"
         )
+    if not cfg.server_id:  # the pair's id: derived now (scrypt, ~50 ms, cached), not later
+        pair_id(cfg.ha_secret)  # on the promotion path, where a standby starts to serve
 
 
 def check_ha_timing(lease: float, failure_timeout: float) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from broker.address import parse_peer_addresses
 from broker.config import BrokerConfig
 from broker.core import Broker
 from broker.core.counters import Counters
@@ -424,7 +425,10 @@ def _serves_mqtt(config: BrokerConfig) -> bool:
 def _dials_tls(config: BrokerConfig) -> bool:
     """Whether peer links dial over TLS (a ``tls://`` peer), so need a client context."""
     addresses = [*config.peers, *(entry.address for entry in config.trusted_peers)]
-    return any(address and address.startswith("tls://") for address in addresses)
+    # (an entry may list a pair's two brokers, "A,B", each with its own scheme)
+    return any(
+        secure for text in addresses if text for _h, _p, secure in parse_peer_addresses(text)
+    )
 
 
 async def _run_in_scope(

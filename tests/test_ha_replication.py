@@ -219,6 +219,7 @@ async def test_a_standby_restarted_under_load_catches_up(tmp_path: Path) -> None
             nursery.start_soon(_load, p.store, "busy", 60)
             await trio.testing.wait_all_tasks_blocked()  # the load has begun
             await p.stop_standby()
+            await _load(p.store, "away", 5)  # written while it is away (the load may be done)
             await p.start_standby()
         assert p.shipper.counters.confirms_alone > 0  # the load went on while it was away
         await p.in_sync()

@@ -88,7 +88,7 @@ class Broker:
     def __init__(self, config: BrokerConfig | None = None, store: Store | None = None) -> None:
         self.config = config or BrokerConfig()
         self.store = store
-        self.server_id = self.config.server_id or f"topiary-{os.getpid()}"
+        self.server_id = self.config.broker_id or f"topiary-{os.getpid()}"
         self.table = routing.SubscriptionTable(cache_size=self.config.match_cache)
         self.counters = Counters()
         # Who may connect (users file, anonymous access): raises ConfigError for a bad file.

@@ -366,6 +366,7 @@ PEER_COUNTERS: dict[str, str] = {
     "sync_waits": "Sync SUBs that waited for every reachable broker's ack.",
     "sync_timeouts": "Sync SUBs whose wait timed out.",
     "tls_dial_failures": "Dials to tls:// peers whose TLS handshake failed (certificate, name).",
+    "dials_not_primary": "Dials a pair's standby refused (NOT_PRIMARY); the next one was tried.",
 }
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import trio
 
 import routing
+from broker.address import PEER_TLS_SCHEME, format_address
 from broker.core import Broker, DurableWork, QuotaExceeded
 from broker.core.message import Message
 from broker.errors import ErrorCode, RemoteProtocolError
@@ -35,7 +36,7 @@ from broker.mesh.translate import to_frame, update_from
 from broker.net import Backoff, send_error
 from broker.security import certificate_subject
 from broker.security.throttle import Throttle
-from broker.security.tls import ClientTls, describe_failure, parse_peer
+from broker.security.tls import ClientTls, PeerAddress, describe_failure, parse_peers
 from broker.trust import Trust, TrustedPeer
 from broker.wire.codec import encode_fwd
 from broker.wire.connection import Connection, Role
@@ -79,6 +80,7 @@ class PeerCounters:
     sync_waits: int = 0
     sync_timeouts: int = 0
     tls_dial_failures: int = 0  # dials to tls:// peers whose handshake failed (bad cert, name)
+    dials_not_primary: int = 0  # dials a pair's standby answered NOT_PRIMARY (then the next)
 
 
 class Peering:
@@ -414,35 +416,54 @@ class Peering:
     async def _dial_loop(self, address: str, expect: TrustedPeer | None) -> None:
         """Dial ``address`` for as long as the broker runs: a plain ``peers`` address
         (``expect`` None), or a listed peer, which must answer with its own id; a
-        ``tls://`` address is dialled over TLS."""
-        parsed = parse_peer(address)
-        assert parsed is not None  # checked with the config
-        host, port = parsed.host, parsed.port
+        ``tls://`` address is dialled over TLS.
+
+        ``address`` may list several (``"A,B"``: the two brokers of a hot-spare pair, one
+        broker id). They are tried in turn: one that is down or refuses (a standby answers
+        NOT_PRIMARY) passes to the next at once; after a round in which none opened a link
+        comes the backoff. A link that opened and was lost starts the next round at the
+        address after it: when a primary is gone its partner is the one to be promoted."""
+        addresses = parse_peers(address)
         backoff = Backoff(BACKOFF_MIN, self.config.peer_backoff_max)
+        first = 0
         while True:
             known = self._dialled.get(address)
             while known is not None and known in self.links:
                 await self._changed.wait()  # linked already (they dialled us): wait for it to go
-            opened = False
-            try:
-                stream = await trio.open_tcp_stream(host, port)
-                if parsed.tls:
-                    stream = await self._secure(stream, host, address)
-            except OSError as exc:
-                log.debug("peer dial failed", address=address, error=str(exc))
-            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
-                self.counters.tls_dial_failures += 1
-                log.error("peer tls handshake failed", address=address, error=describe_failure(exc))
-            else:
-                try:
-                    opened = await self._dial(stream, address, expect)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    log.info("peer link lost", address=address, error=str(exc))
-                finally:
-                    await trio.aclose_forcefully(stream)
-            if opened:
+            opened = None
+            for step in range(len(addresses)):
+                index = (first + step) % len(addresses)
+                if await self._dial_once(address, addresses[index], expect):
+                    opened = index
+                    break
+            if opened is not None:
                 backoff.reset()
+                first = (opened + 1) % len(addresses)
             await backoff.wait()
+
+    async def _dial_once(self, key: str, target: PeerAddress, expect: TrustedPeer | None) -> bool:
+        """One dial of one of ``key``'s addresses, and the link while it lasts; True if a
+        link opened."""
+        host, port = target.host, target.port
+        address = (PEER_TLS_SCHEME if target.tls else "") + format_address((host, port))
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+            if target.tls:
+                stream = await self._secure(stream, host, address)
+        except OSError as exc:
+            log.debug("peer dial failed", address=address, error=str(exc))
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            self.counters.tls_dial_failures += 1
+            log.error("peer tls handshake failed", address=address, error=describe_failure(exc))
+        else:
+            try:
+                return await self._dial(stream, key, expect, address)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.info("peer link lost", address=address, error=str(exc))
+                return False  # (a link that opened returns True: its losses end in link.run)
+            finally:
+                await trio.aclose_forcefully(stream)
+        return False
 
     async def _secure(self, stream: trio.SocketStream, host: str, address: str) -> trio.abc.Stream:
         """TLS over a dialled ``stream``: the peer's certificate verified, for ``host``."""
@@ -454,9 +475,16 @@ class Peering:
             raise
 
     async def _dial(
-        self, stream: trio.abc.Stream, address: str, expect: TrustedPeer | None = None
+        self,
+        stream: trio.abc.Stream,
+        key: str,
+        expect: TrustedPeer | None = None,
+        address: str | None = None,
     ) -> bool:
-        """Handshake as the dialler and serve the link; True if the link opened."""
+        """Handshake as the dialler and serve the link; True if the link opened. ``key``
+        is the configured entry (which may list several addresses), ``address`` the one
+        dialled (default: ``key``)."""
+        address = address or key
         proto = Connection(Role.PEER, max_frame=self.config.max_frame)
         hello = PeerHello(
             version=PROTOCOL_VERSION,
@@ -474,7 +502,11 @@ class Peering:
             await send_error(stream, proto, exc)
             return False
         if isinstance(frame, Error):
-            log.error("peer refused us", address=address, code=frame.code, text=frame.text)
+            if frame.code == ErrorCode.NOT_PRIMARY:  # a pair's standby: its partner serves
+                self.counters.dials_not_primary += 1
+                log.info("peer is a standby", address=address, text=frame.text)
+            else:
+                log.error("peer refused us", address=address, code=frame.code, text=frame.text)
             return False
         if frame is None:
             return False
@@ -493,7 +525,7 @@ class Peering:
                 ),
             )
             return False
-        self._dialled[address] = frame.broker_id
+        self._dialled[key] = frame.broker_id
         if frame.broker_id == self.self_id:
             log.error("peer has our own id", address=address, broker_id=frame.broker_id)
             await send_error(

@@ -27,15 +27,13 @@ from typing import Any, Protocol
 
 import trio
 
-from broker.address import parse_host_port
+from broker.address import PEER_TLS_SCHEME, parse_host_port, parse_peer_addresses
 from broker.config import BrokerConfig, ConfigError
 from broker.log import get_logger
 
 log = get_logger("topiary.tls")
 
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
-#: How a peer entry asks for TLS: ``tls://HOST:PORT`` (plain ``HOST:PORT`` stays TCP).
-PEER_TLS_SCHEME = "tls://"
 
 
 class FailureCounters(Protocol):
@@ -207,6 +205,13 @@ def parse_peer(text: str) -> PeerAddress | None:
     if parsed is None:
         return None
     return PeerAddress(parsed[0], parsed[1], secure)
+
+
+def parse_peers(text: str) -> tuple[PeerAddress, ...]:
+    """A peer's addresses, dialled in turn until one accepts: one address or several
+    separated by commas (``broker.address.parse_peer_addresses``). Raises ValueError naming
+    the entry at fault."""
+    return tuple(PeerAddress(*entry) for entry in parse_peer_addresses(text))
 
 
 class ClientTls:
