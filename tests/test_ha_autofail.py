@@ -13,7 +13,15 @@ import trio
 
 from broker.client import BrokerError, ConnectionLost, connect
 from tests import hakit
-from tests.hakit import Node, Witness, ha_status, hold_session, missing_from_session, until
+from tests.hakit import (
+    Node,
+    Witness,
+    ha_status,
+    hold_session,
+    missing_from_session,
+    publish_until,
+    until,
+)
 
 nodes, witness = hakit.nodes, hakit.witness  # fixtures
 
@@ -130,5 +138,43 @@ def test_the_witness_lost_changes_nothing_while_both_brokers_are_healthy(
         assert standby["role"] == "standby"
         assert standby["ha_term"] == 1 and standby["election"] == "standby"
         assert standby["connected"] == "yes" and standby["seq"] >= 0
+
+    trio.run(main)
+
+
+def test_the_standby_killed_and_restarted_under_load_catches_up_then_a_primary_kill_loses_nothing(
+    nodes: list[Node], witness: Witness
+) -> None:
+    a, b = nodes
+    servers = [a.address, b.address]
+    confirmed: set[str] = set()
+
+    async def main() -> None:
+        a.start("primary", b, witness.address)
+        b.start("standby", a, witness.address)
+        await until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+        await hold_session(servers, SESSION)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            for number in range(PUBLISHERS):
+                nursery.start_soon(publish_until, servers, f"p{number}", confirmed, stop)
+            await until(lambda: len(confirmed) > 100, "load", 30)
+            b.stop()  # kill -9 of the standby: the primary confirms alone meanwhile
+            during = len(confirmed)
+            await until(lambda: len(confirmed) > during + 100, "the primary goes on", 30)
+            b.start("standby", a, witness.address)  # its ha-term file: standby of term 1
+            await until(lambda: a.logged("standby in sync") >= 2, "caught up", 30)
+            # One publish confirmed from now on waited for the restarted standby's ack:
+            # it holds everything before it.
+            caught_up = len(confirmed)
+            await until(lambda: len(confirmed) > caught_up + 20, "load after catching up", 30)
+            a.stop()  # kill -9 of the primary right after: the witness promotes b
+            await until(lambda: b.logged("promoted by the witness") == 1, "promoted", 30)
+            failed_over = len(confirmed)
+            await until(lambda: len(confirmed) > failed_over + 20, "load on b", 30)
+            stop.set()
+        missing = await missing_from_session(servers, SESSION, confirmed)
+        assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:5]}"
+        assert a.logged("fenced") == 0
 
     trio.run(main)

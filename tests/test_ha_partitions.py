@@ -21,6 +21,7 @@ from broker.client import BrokerError, ConnectionLost, connect
 from tests import hakit
 from tests.hakit import (
     Cluster,
+    accepting,
     ha_status,
     hold_session,
     missing_from_session,
@@ -105,6 +106,85 @@ def test_the_primary_cut_from_standby_and_witness_is_fenced_the_standby_promoted
         status_a, status_b = await _status(cluster)
         assert status_a["role"] == "standby" and status_a["ha_term"] == 2
         assert status_b["role"] == "primary" and status_b["fenced"] is False
+        missing = await missing_from_session(cluster.servers, SESSION, confirmed)
+        assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:5]}"
+
+    trio.run(main)
+
+
+def test_the_standby_cut_from_the_witness_only_changes_nothing_while_the_primary_is_healthy(
+    cluster: Cluster,
+) -> None:
+    async def main() -> None:
+        await _in_sync(cluster)
+        cluster.b_witness.cut()
+        async with connect(cluster.a.address) as c:
+            alone = (await c.stats())["ha"]["confirms_alone"]
+            # Three leases with the standby cut from the witness (that passage of time is
+            # what is tested): the standby hears the primary, so it never asks for a vote.
+            deadline = trio.current_time() + 3.0
+            count = 0
+            while trio.current_time() < deadline:
+                await c.publish("ha/t", f"m{count}", confirm=True)
+                count += 1
+                await trio.sleep(0.05)
+            assert count > 10
+            # every one of them waited for the standby's acknowledgement
+            assert (await c.stats())["ha"]["confirms_alone"] == alone
+        a, b = await _status(cluster)
+        assert a["role"] == "primary" and a["fenced"] is False and a["in_sync"] == 1
+        assert a["ha_term"] == 1
+        assert b["role"] == "standby" and b["election"] == "standby" and b["ha_term"] == 1
+        assert b["connected"] == "yes"
+        assert cluster.a.logged("fenced") == 0 and cluster.b.logged("candidate") == 0
+
+    trio.run(main)
+
+
+def test_the_standby_cut_from_the_primary_only_is_refused_a_vote_and_resynchronises_losing_nothing(
+    cluster: Cluster,
+) -> None:
+    """The witness reaches both. The standby, hearing no primary, asks for a vote and is
+    refused (the primary's lease holds); the primary confirms alone under leases asked for
+    after it lost the standby (docs/ha.md "Confirming alone"). Healed, the standby catches
+    up; then the primary is killed and the promoted standby holds every confirmed message."""
+    a, b = cluster.a, cluster.b
+    confirmed: set[str] = set()
+
+    async def main() -> None:
+        await _in_sync(cluster)
+        async with connect(a.address) as direct:
+            alone = (await direct.stats())["ha"]["confirms_alone"]
+            stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                for tag in ("p0", "p1"):
+                    nursery.start_soon(publish_until, cluster.servers, tag, confirmed, stop)
+                await until(lambda: len(confirmed) > 50, "load", 30)
+                cluster.to_a_link.cut()
+                await until(lambda: b.logged('"verdict": "refused"') >= 1, "vote refused", 20)
+                during = len(confirmed)
+                await until(lambda: len(confirmed) > during + 50, "the primary goes on", 20)
+                status_a, status_b = await _status(cluster)  # never two primaries
+                assert status_a["role"] == "primary" and status_a["fenced"] is False
+                assert status_a["in_sync"] == 0 and status_a["ha_term"] == 1
+                assert status_b["role"] == "standby" and status_b["ha_term"] == 1
+                with pytest.raises(BrokerError) as refused:
+                    async with connect(b.address):
+                        pass
+                assert refused.value.code == "NOT_PRIMARY"
+                assert (await direct.stats())["ha"]["confirms_alone"] > alone
+                cluster.to_a_link.restore()
+                await until(lambda: a.logged("standby in sync") >= 2, "resynchronised", 30)
+                stop.set()
+            # A batch confirmed now waited for the standby: it has everything before it.
+            alone = (await direct.stats())["ha"]["confirms_alone"]
+            await direct.publish("ha/t", "after-heal", confirm=True)
+            confirmed.add("after-heal")
+            assert (await direct.stats())["ha"]["confirms_alone"] == alone
+        assert a.logged("fenced") == 0 and b.logged("promoted") == 0
+        a.stop()  # kill -9: what b holds is all there is
+        await until(lambda: b.logged("promoted by the witness") == 1, "promoted", 30)
+        await accepting(b.port)
         missing = await missing_from_session(cluster.servers, SESSION, confirmed)
         assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:5]}"
 
