@@ -13,6 +13,7 @@ nothing relies on "port + 1", which nobody reserved.
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -38,6 +39,7 @@ __all__ = [
     "missing_from_session",
     "nodes",
     "publish_until",
+    "read_session",
     "until",
     "witness",
 ]
@@ -161,6 +163,23 @@ class Node:
             self.proc.kill()
             self.proc.wait(timeout=10)
 
+    def fill_disk(self, headroom: int = 512 << 10) -> int:
+        """Make the running broker's disk "full": no file of its may grow past ``headroom``
+        bytes beyond the biggest of its log and its data files now (RLIMIT_FSIZE, set from
+        outside with prlimit: no root needed). Python ignores SIGXFSZ, so a write past it
+        fails with EFBIG, which SQLite reports as a disk I/O error. The limit in bytes."""
+        assert self.proc is not None
+        files = [self.log, *(path for path in self.data_dir.iterdir() if path.is_file())]
+        limit = max(path.stat().st_size for path in files) + headroom
+        resource.prlimit(self.proc.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        return limit
+
+    def free_disk(self) -> None:
+        """Lift ``fill_disk``'s limit."""
+        assert self.proc is not None
+        unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+        resource.prlimit(self.proc.pid, resource.RLIMIT_FSIZE, unlimited)
+
 
 class Cluster:
     """The witness, brokers a (primary at first start) and b, every link through a proxy:
@@ -270,20 +289,29 @@ async def ha_status(servers: list[str]) -> list[dict]:
     return answers
 
 
-async def missing_from_session(
-    servers: list[str], session: str, confirmed: set[str], seconds: float = 20.0
+async def read_session(
+    servers: list[str], session: str, expected: set[str], seconds: float = 20.0
 ) -> set[str]:
-    """The ``confirmed`` payloads the durable ``session`` does not deliver (through the
-    server list) within ``seconds``."""
+    """The payloads the durable ``session`` delivers (through the server list) until it has
+    delivered all of ``expected`` or ``seconds`` have passed. A session delivers in order,
+    so anything stored before the last of ``expected`` is among them."""
     received: set[str] = set()
     async with (
         connect(servers, client_id=session, durable=True) as c,
         c.subscribe("ha/>") as sub,
     ):
         with trio.move_on_after(seconds):
-            while not confirmed <= received:
+            while not expected <= received:
                 received.add((await sub.get()).payload.decode())
-    return confirmed - received
+    return received
+
+
+async def missing_from_session(
+    servers: list[str], session: str, confirmed: set[str], seconds: float = 20.0
+) -> set[str]:
+    """The ``confirmed`` payloads the durable ``session`` does not deliver (through the
+    server list) within ``seconds``."""
+    return confirmed - await read_session(servers, session, confirmed, seconds)
 
 
 async def hold_session(servers: list[str], session: str) -> None:
