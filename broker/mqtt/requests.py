@@ -277,7 +277,7 @@ class Requests:
             reason = R.SERVER_UNAVAILABLE
         else:
             reason = R.UNSPECIFIED_ERROR
-        text = f"not stored: {error}" if isinstance(error, StoreFull) else str(error)
+        text = str(error)  # ("<db file>: not stored: <what the disk said>" for StoreFull)
         self.broker.counters.errors[f"MQTT_{reason:#04x}"] += 1
         if not self.v5:
             self.conn.stop(Closing(reason, text))
