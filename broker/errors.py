@@ -62,6 +62,7 @@ class ErrorCode(StrEnum):
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     NOT_PRIMARY = "NOT_PRIMARY"
     FENCED = "FENCED"
+    STORE_FULL = "STORE_FULL"
     INTERNAL = "INTERNAL"
 
     @property
@@ -109,6 +110,7 @@ CLOSES_CONNECTION: Mapping[ErrorCode, bool] = MappingProxyType(
         _C.LIMIT_EXCEEDED: False,
         _C.NOT_PRIMARY: True,
         _C.FENCED: True,
+        _C.STORE_FULL: False,
         _C.INTERNAL: True,
     }
 )
@@ -212,6 +214,12 @@ ERROR_DESCRIPTIONS: Mapping[ErrorCode, str] = MappingProxyType(
             "before routing, or committed here only, which the next resynchronisation "
             "discards); `ref` names it. The connection closes so that a server list moves "
             "on, and a reconnecting client sends the PUB again, with its msg id."
+        ),
+        _C.STORE_FULL: (
+            "A confirmed PUB the broker could not store: its disk refused the write (full, a "
+            "quota or file size limit reached, or a failing device); nothing of it was stored "
+            "or confirmed, and the text says what the disk answered; `ref` names it. The "
+            "connection stays open; the same PUB may be sent again later."
         ),
         _C.INTERNAL: (
             "A bug or unexpected failure on the sender's side (for a PUB: it could not be "

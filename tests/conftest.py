@@ -172,3 +172,19 @@ def spark_bench_quick_run(
         yield run
     finally:
         run.abort()
+
+
+# -- the logs of a failed test's broker processes (tests/hakit.py) ----------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """A failed test that ran brokers as processes (tests/hakit.py) shows the end of each
+    one's log in its report: on CI that is all there is to see of what they said."""
+    report = yield
+    if report.failed:
+        from tests.hakit import log_sections
+
+        for title, text in log_sections(item):
+            report.sections.append((title, text))
+    return report

@@ -5,88 +5,28 @@ witness with no signal, and the durable session on it holds every confirmed mess
 
 from __future__ import annotations
 
-import json
 import random
 import signal
-import subprocess
-from functools import partial
-from pathlib import Path
 
 import pytest
 import trio
 
 from broker.client import BrokerError, ConnectionLost, connect
-from tests.test_cli import TOPIARY, free_port, run, wait_listening
-from tests.test_ha_pair import _until
+from tests import hakit
+from tests.hakit import (
+    Node,
+    Witness,
+    ha_status,
+    hold_session,
+    missing_from_session,
+    publish_until,
+    until,
+)
+
+nodes, witness = hakit.nodes, hakit.witness  # fixtures
 
 PUBLISHERS = 4
 SESSION = "autofail-durable"
-SECRET = "pair-secret"
-
-
-class Node:
-    """One broker of the pair: its ports, data directory and log."""
-
-    def __init__(self, name: str, tmp_path: Path) -> None:
-        self.name = name
-        self.port = free_port()
-        self.link_port = free_port()
-        self.data_dir = tmp_path / name
-        self.data_dir.mkdir()
-        self.log = tmp_path / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._start_at = 0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, role: str, partner: Node, witness: str) -> None:
-        config = self.data_dir.parent / f"{self.name}.toml"
-        # link ports of their own (not port + 1, which nothing reserved for the test)
-        config.write_text(
-            f'[server]\nport = {self.port}\nhost = "127.0.0.1"\ndata_dir = "{self.data_dir}"\n'
-            f'[ha]\nrole = "{role}"\npartner = "{partner.address}"\n'
-            f'witness = "{witness}"\nsecret = "{SECRET}"\nlink_port = {self.link_port}\n'
-            f"partner_link_port = {partner.link_port}\n"
-        )
-        with self.log.open("ab") as log:
-            self._start_at = self.log.stat().st_size
-            self.proc = subprocess.Popen(
-                [*TOPIARY, "serve", "--config", str(config), "--log-format", "json"],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        wait_listening(self.port, self.proc)  # (a standby's door listens too)
-
-    def logged(self, text: str) -> int:
-        return self.log.read_text()[self._start_at :].count(text)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def witness(tmp_path: Path):  # type: ignore[no-untyped-def]
-    port = free_port()
-    proc = subprocess.Popen(
-        [*TOPIARY, "witness", "--port", str(port), "--data-dir", str(tmp_path / "witness"),
-         "--secret", SECRET, "--log-format", "json"],
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    wait_listening(port, proc)
-    yield f"127.0.0.1:{port}"
-    proc.kill()
-    proc.wait(timeout=10)
-
-
-@pytest.fixture
-def nodes(tmp_path: Path):  # type: ignore[no-untyped-def]
-    pair = [Node("a", tmp_path), Node("b", tmp_path)]
-    yield pair
-    for node in pair:
-        node.stop()
 
 
 async def _publish(
@@ -103,7 +43,7 @@ async def _publish(
 
 
 def test_kill_9_of_the_primary_the_witness_promotes_the_standby_and_nothing_confirmed_is_lost(
-    nodes: list[Node], witness: str
+    nodes: list[Node], witness: Witness
 ) -> None:
     rng = random.Random(20)
     a, b = nodes
@@ -112,12 +52,10 @@ def test_kill_9_of_the_primary_the_witness_promotes_the_standby_and_nothing_conf
     sent: list[int] = []
 
     async def main() -> None:
-        a.start("primary", b, witness)
-        b.start("standby", a, witness)
-        await _until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
-        async with connect(servers, client_id=SESSION, durable=True) as c:
-            async with c.subscribe("ha/>"):
-                await c.ping()  # the session holds the filter: it stores from now on
+        a.start("primary", b, witness.address)
+        b.start("standby", a, witness.address)
+        await until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+        await hold_session(servers, SESSION)
         enough = trio.Event()
         async with trio.open_nursery() as nursery:
             for number in range(PUBLISHERS):
@@ -130,15 +68,7 @@ def test_kill_9_of_the_primary_the_witness_promotes_the_standby_and_nothing_conf
             a.proc.send_signal(signal.SIGKILL)  # no signal to b: the witness decides
             a.proc.wait(timeout=10)
         assert b.logged("promoted by the witness") == 1
-        received: set[str] = set()
-        async with (
-            connect(servers, client_id=SESSION, durable=True) as c,
-            c.subscribe("ha/>") as sub,
-        ):
-            with trio.move_on_after(20):
-                while not confirmed <= received:
-                    received.add((await sub.get()).payload.decode())
-        missing = confirmed - received
+        missing = await missing_from_session(servers, SESSION, confirmed)
         assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:5]}"
         assert len(confirmed) == sum(sent)  # every publisher got through, on the standby
 
@@ -146,20 +76,20 @@ def test_kill_9_of_the_primary_the_witness_promotes_the_standby_and_nothing_conf
 
 
 def test_a_primary_stopped_past_the_failure_timeout_finds_it_was_replaced_and_accepts_no_writes(
-    nodes: list[Node], witness: str
+    nodes: list[Node], witness: Witness
 ) -> None:
     a, b = nodes
 
     async def main() -> None:
-        a.start("primary", b, witness)
-        b.start("standby", a, witness)
-        await _until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+        a.start("primary", b, witness.address)
+        b.start("standby", a, witness.address)
+        await until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
         async with connect(a.address) as old:
             await old.publish("ha/t", "before", confirm=True)
             assert a.proc is not None
             a.proc.send_signal(signal.SIGSTOP)
             try:
-                await _until(lambda: b.logged("promoted by the witness") == 1, "promoted", 30)
+                await until(lambda: b.logged("promoted by the witness") == 1, "promoted", 30)
                 with trio.fail_after(5):  # queued in the socket while a is stopped
                     sent = old.publish("ha/t", "while-replaced", confirm=True)
                     a.proc.send_signal(signal.SIGCONT)
@@ -167,7 +97,7 @@ def test_a_primary_stopped_past_the_failure_timeout_finds_it_was_replaced_and_ac
                         await sent
             finally:
                 a.proc.send_signal(signal.SIGCONT)
-        await _until(lambda: a.logged("stepped down") == 1, "stepped down", 30)
+        await until(lambda: a.logged("stepped down") == 1, "stepped down", 30)
         with pytest.raises(BrokerError) as refused:  # a follows b now: its door refuses
             async with connect(a.address):
                 pass
@@ -179,23 +109,15 @@ def test_a_primary_stopped_past_the_failure_timeout_finds_it_was_replaced_and_ac
 
 
 def test_the_witness_lost_changes_nothing_while_both_brokers_are_healthy(
-    nodes: list[Node], tmp_path: Path
+    nodes: list[Node], witness: Witness
 ) -> None:
     a, b = nodes
-    port = free_port()
-    witness = subprocess.Popen(
-        [*TOPIARY, "witness", "--port", str(port), "--data-dir", str(tmp_path / "witness"),
-         "--secret", SECRET],
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    wait_listening(port, witness)
 
     async def main() -> None:
-        a.start("primary", b, f"127.0.0.1:{port}")
-        b.start("standby", a, f"127.0.0.1:{port}")
-        await _until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
-        witness.kill()
-        witness.wait(timeout=10)
+        a.start("primary", b, witness.address)
+        b.start("standby", a, witness.address)
+        await until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+        witness.stop()
         async with connect(a.address) as c:
             # Three leases pass without the witness (what is tested is that passage of
             # time): the standby's acknowledgements keep the primary writing.
@@ -208,21 +130,51 @@ def test_the_witness_lost_changes_nothing_while_both_brokers_are_healthy(
             assert count > 10
         assert a.logged("fenced") == 0 and a.logged("stepped down") == 0
         assert b.logged("candidate") == 0 and b.logged("promoted") == 0
-        status = await trio.to_thread.run_sync(
-            partial(run, "ha", "status", "--server", f"{a.address},{b.address}")
-        )
-        assert status.returncode == 0, status.stderr
-        primary, standby = (json.loads(line) for line in status.stdout.splitlines())
-        assert primary["server"] == a.address and primary["role"] == "primary"
+        primary, standby = await ha_status([a.address, b.address])
+        assert primary["role"] == "primary"
         assert primary["ha_term"] == 1 and primary["fenced"] is False
         assert primary["in_sync"] == 1 and primary["lag_records"] >= 0
         assert primary["seconds_since_witness"] > 2.0  # the witness is gone
-        assert standby["server"] == b.address and standby["role"] == "standby"
+        assert standby["role"] == "standby"
         assert standby["ha_term"] == 1 and standby["election"] == "standby"
         assert standby["connected"] == "yes" and standby["seq"] >= 0
 
-    try:
-        trio.run(main)
-    finally:
-        witness.kill()
-        witness.wait(timeout=10)
+    trio.run(main)
+
+
+def test_the_standby_killed_and_restarted_under_load_catches_up_then_a_primary_kill_loses_nothing(
+    nodes: list[Node], witness: Witness
+) -> None:
+    a, b = nodes
+    servers = [a.address, b.address]
+    confirmed: set[str] = set()
+
+    async def main() -> None:
+        a.start("primary", b, witness.address)
+        b.start("standby", a, witness.address)
+        await until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+        await hold_session(servers, SESSION)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            for number in range(PUBLISHERS):
+                nursery.start_soon(publish_until, servers, f"p{number}", confirmed, stop)
+            await until(lambda: len(confirmed) > 100, "load", 30)
+            b.stop()  # kill -9 of the standby: the primary confirms alone meanwhile
+            during = len(confirmed)
+            await until(lambda: len(confirmed) > during + 100, "the primary goes on", 30)
+            b.start("standby", a, witness.address)  # its ha-term file: standby of term 1
+            await until(lambda: a.logged("standby in sync") >= 2, "caught up", 30)
+            # One publish confirmed from now on waited for the restarted standby's ack:
+            # it holds everything before it.
+            caught_up = len(confirmed)
+            await until(lambda: len(confirmed) > caught_up + 20, "load after catching up", 30)
+            a.stop()  # kill -9 of the primary right after: the witness promotes b
+            await until(lambda: b.logged("promoted by the witness") == 1, "promoted", 30)
+            failed_over = len(confirmed)
+            await until(lambda: len(confirmed) > failed_over + 20, "load on b", 30)
+            stop.set()
+        missing = await missing_from_session(servers, SESSION, confirmed)
+        assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:5]}"
+        assert a.logged("fenced") == 0
+
+    trio.run(main)

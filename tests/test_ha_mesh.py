@@ -22,8 +22,8 @@ from bridges.tansu import Tansu
 from broker.client import Client, connect
 from broker.ha.pairid import pair_id
 from tests.bridgekit import beacon, bridge_config, json_values, produce, running_bridge, wait_until
+from tests.hakit import accepting, until
 from tests.test_cli import TOPIARY, free_port, wait_listening
-from tests.test_ha_pair import _accepting, _until
 
 SECRET = "mesh-pair-secret"
 #: Quick links for a test: PING after 0.3 s of silence, redial within 0.3 s.
@@ -125,7 +125,7 @@ def test_a_peer_of_the_pair_follows_the_primary_through_a_kill_9_with_one_entry_
         a.start_in_pair("primary", b, witness, to_c)
         b.start_in_pair("standby", a, witness, to_c)
         c.start(f'server_id = "c"\n[peering]\npeers = ["{a.address},{b.address}"]\n{PEERING}')
-        await _until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+        await until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
         async with connect(c.address) as at_c, at_c.subscribe("mesh/>") as sub_c:
             before = await _origin(at_c, pair)
             async with connect(a.address) as at_a:
@@ -137,8 +137,8 @@ def test_a_peer_of_the_pair_follows_the_primary_through_a_kill_9_with_one_entry_
             assert stats["links_refused"] == 0  # the standby never dialled C: it has no mesh
 
             a.kill()
-            await _until(lambda: b.logged("promoted by the witness") == 1, "promoted", 20)
-            await _accepting(b.port)  # (its door refuses until it serves)
+            await until(lambda: b.logged("promoted by the witness") == 1, "promoted", 20)
+            await accepting(b.port)  # (its door refuses until it serves)
             async with connect([a.address, b.address]) as at_b:
                 after = await _origin(at_c, pair)
                 assert after["incarnation"] > before["incarnation"]  # the same id, replaced
@@ -172,7 +172,7 @@ async def test_the_bridge_keeps_publishing_into_the_pair_through_a_kill_9_of_the
     session = "bridge-durable"
     a.start_in_pair("primary", b, witness)
     b.start_in_pair("standby", a, witness)
-    await _until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+    await until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
     async with connect(servers, client_id=session, durable=True) as client:
         async with client.subscribe("beacon/>"):
             await client.ping()  # the session stores from now on, and its filter is wanted

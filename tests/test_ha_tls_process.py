@@ -17,9 +17,8 @@ import trio
 
 from broker.client import connect
 from tests.certs import Pki
+from tests.hakit import SECRET, Node, until
 from tests.test_cli import TOPIARY, free_port, run, wait_listening
-from tests.test_ha_autofail import SECRET, Node
-from tests.test_ha_pair import _until
 
 SESSION = "tls-durable"
 
@@ -102,7 +101,7 @@ def test_over_tls_kill_9_of_the_primary_promotes_the_standby_and_nothing_confirm
     async def main() -> None:
         a.start("primary", b, witness)
         b.start("standby", a, witness)
-        await _until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+        await until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
         async with connect(servers, client_id=SESSION, durable=True) as c:
             async with c.subscribe("ha/>"):
                 await c.ping()  # the session holds the filter: it stores from now on
@@ -116,7 +115,7 @@ def test_over_tls_kill_9_of_the_primary_promotes_the_standby_and_nothing_confirm
         assert a.proc is not None
         a.proc.send_signal(signal.SIGKILL)  # no signal to b: the witness decides, over TLS
         a.proc.wait(timeout=10)
-        await _until(lambda: b.logged("promoted by the witness") == 1, "promoted", 30)
+        await until(lambda: b.logged("promoted by the witness") == 1, "promoted", 30)
         received: list[str] = []
         async with (
             connect(servers, client_id=SESSION, durable=True) as c,
@@ -145,12 +144,12 @@ def test_sighup_reloads_the_link_certificates_on_primary_and_standby(
     async def main() -> None:
         a.start("primary", b, witness)
         b.start("standby", a, witness)
-        await _until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
+        await until(lambda: a.logged("standby in sync") >= 1, "in sync", 30)
         for node in (a, b):
             assert node.proc is not None
             node.proc.send_signal(signal.SIGHUP)
-        await _until(lambda: a.logged('"part": "ha tls"') == 1, "primary reloaded", 20)
-        await _until(lambda: b.logged('"part": "ha tls"') == 1, "standby reloaded", 20)
+        await until(lambda: a.logged('"part": "ha tls"') == 1, "primary reloaded", 20)
+        await until(lambda: b.logged('"part": "ha tls"') == 1, "standby reloaded", 20)
         assert a.proc is not None and b.proc is not None
         assert a.proc.poll() is None and b.proc.poll() is None  # SIGHUP ends neither
         async with connect([a.address, b.address]) as p:

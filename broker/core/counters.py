@@ -16,6 +16,7 @@ class Counters:
     messages_unrouted: int = 0
     duplicates_dropped: int = 0
     store_errors: int = 0
+    store_full: int = 0  # store writes the disk refused (full): their confirmed PUBs refused
     messages_replayed: int = 0
     quota_dropped: int = 0
     quota_rejected: int = 0
@@ -49,6 +50,7 @@ class Counters:
             "messages_unrouted": self.messages_unrouted,
             "duplicates_dropped": self.duplicates_dropped,
             "store_errors": self.store_errors,
+            "store_full": self.store_full,
             "messages_replayed": self.messages_replayed,
             "quota_dropped": self.quota_dropped,
             "quota_rejected": self.quota_rejected,

@@ -46,13 +46,14 @@ from broker.core.reports import REPORTS_FILTER, Reports
 from broker.core.retained import Retained
 from broker.core.session import OutboundLimits, Session
 from broker.core.sessions import NotOwner, SessionRegistry, may_own, run_prefix
+from broker.core.store_full import StoreFullLog
 from broker.histogram import Histogram
 from broker.log import get_logger
 from broker.security.floods import FloodGuard
 from broker.security.identity import Identity
 from broker.security.logins import Logins
 from broker.security.principals import away_identity
-from broker.store import Pending, Store, StoreError
+from broker.store import Pending, Store, StoreError, StoreFull
 from routing.acl import Access, Policy
 
 log = get_logger("topiary.broker")
@@ -131,6 +132,8 @@ class Broker:
         #: ``write_refusal()`` says why a confirmed write is refused now (None: allowed),
         #: ``ha_statistics()`` is merged into STATS' ``ha`` section.
         self.write_refusal: Callable[[], str | None] | None = None
+        #: Appends the disk refused: counted, logged rate-limited (store_full.py).
+        self.store_full = StoreFullLog(self.counters)
         self.ha_statistics: Callable[[], dict[str, Any]] | None = None
         # The last report of each bridge (reports.py): in the table, in no registry, and
         # subscribed before any mesh exists, so it is not mirrored to peers.
@@ -266,7 +269,12 @@ class Broker:
         will never be, so a writer waiting to fill from the store may go on."""
         if error is not None:
             self.counters.store_errors += 1
-            log.error("store append failed", error=str(error))
+            if isinstance(error, StoreFull):
+                self.store_full.refused(error)
+            else:
+                log.error("store append failed", error=str(error))
+        elif self.store_full.active:
+            self.store_full.succeeded()
         for session, seq in deliveries:
             session.mark_committed(seq)
 

@@ -23,10 +23,17 @@ primary refuses (or that finds a certificate we refuse) is counted (``tls_failur
 logged, and tried again with the backoff: only a connection that got past the
 handshakes resets it, so a standby the primary keeps refusing dials at most once per
 ``RETRY_MAX``.
+
+A standby whose disk refuses the records (full, a quota or file size limit) acknowledges
+none of them: it tells the primary (``FAULT``), which drops it as a lost standby and
+confirms alone under its lease (docs/ha.md, "Disk full"), and dials again after
+``RETRY_MAX``, catching up once the disk takes the records again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import sqlite3
 import time
@@ -50,11 +57,11 @@ from broker.ha.records import (
 from broker.ha.tls import PairTls, TlsHandshakeFailed
 from broker.log import get_logger
 from broker.store.files import fsync_directory, lock_directory
-from broker.store.records import StoreError
+from broker.store.records import StoreError, StoreFull
 from broker.store.schema import DB_FILENAME
 from broker.store.sqlite import SqliteBackend, Work
 
-__all__ = ["Follower", "FollowerCounters"]
+__all__ = ["Follower", "FollowerCounters", "StandbyFull"]
 
 #: Seconds between the standby's ACKs when nothing new arrives (the primary's sign of life).
 ACK_INTERVAL = 0.25
@@ -65,6 +72,12 @@ RETRY_MIN, RETRY_MAX = 0.05, 1.0
 TLS_HANDSHAKE_TIMEOUT = 10.0
 
 log = get_logger("topiary.ha.follower")
+#: What a write refused by the disk fails with (full, quota, past RLIMIT_FSIZE).
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class StandbyFull(LinkError):
+    """The standby's disk refused what the primary sent: nothing of it is acknowledged."""
 
 
 class FollowGate(Protocol):
@@ -87,6 +100,7 @@ class FollowerCounters:
     snapshots_installed: int = 0
     divergences: int = 0  # records whose digest did not follow ours: a snapshot follows
     damaged_rebuilt: int = 0  # a store that failed to open, moved aside and rebuilt
+    store_full: int = 0  # records or snapshots the disk refused (none acknowledged)
 
     def snapshot(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
@@ -144,17 +158,25 @@ class Follower:
                 stream = await self._connect(host, port)
                 if stream is not None:
                     linked = self.counters.connections
+                    full = False
                     try:
                         await self._follow(stream)
                     except LinkTlsError as exc:
                         self._tls_failed(host, port, str(exc))
+                    except StandbyFull as exc:
+                        self.counters.store_full += 1
+                        log.error("standby store full: nothing acknowledged, dialling again",
+                                  reason=str(exc), retry=RETRY_MAX)  # fmt: skip
+                        full = True  # the primary goes on alone meanwhile
                     except LinkError as exc:
                         log.warning("replication link lost", reason=str(exc))
                     finally:
                         self.connected = False
                         await trio.aclose_forcefully(stream)
                     self.counters.link_failures += 1
-                    if self.counters.connections > linked:  # it got past the handshakes
+                    if full:
+                        delay = RETRY_MAX
+                    elif self.counters.connections > linked:  # it got past the handshakes
                         delay = RETRY_MIN
                 await trio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
@@ -227,9 +249,13 @@ class Follower:
             works.append(SqliteBackend._prune_published)
             position = Position(term, seq, digest)
         works.append(partial(write_position, position))
-        committed, _ = backend.run_batch(works)
+        committed, outcomes = backend.run_batch(works)
         if not committed:
-            raise LinkError(f"cannot commit records up to {position.seq} on the standby")
+            why = f"cannot commit records up to {position.seq} on the standby"
+            full = next((v for ok, v in outcomes if not ok and isinstance(v, StoreFull)), None)
+            if full is not None:
+                raise StandbyFull(f"{why}: {full}")
+            raise LinkError(why)
         return position
 
     def _install(self, snapshot: Path, expected: Position) -> Position:
@@ -324,7 +350,11 @@ class Follower:
 
     async def _commit(self, link: LinkStream, records: list[tuple[bytes, bytes]]) -> None:
         self.counters.bytes_received += sum(len(body) for body, _ in records)
-        self.position = await self._thread(self._apply, records)
+        try:
+            self.position = await self._thread(self._apply, records)
+        except StandbyFull as exc:
+            await _tell_fault(link, str(exc))
+            raise
         self.counters.records_applied += len(records)
         self.counters.commits += 1
         self._changed.set()
@@ -336,6 +366,24 @@ class Follower:
             raise LinkError(f"unexpected {message[0]!r:.40} from the primary")
         size = message[1]
         target = self.path.with_name(f"{DB_FILENAME}.incoming")
+        try:
+            expected = await self._receive_snapshot(link, target, size)
+            self.position = await self._thread(self._install, target, expected)
+        except OSError as exc:
+            target.unlink(missing_ok=True)  # (what the disk took of it, back)
+            if exc.errno not in _FULL_ERRNOS:
+                raise LinkError(f"cannot write the snapshot: {exc}") from exc
+            failure = StandbyFull(f"cannot write the snapshot: {exc}")
+            await _tell_fault(link, str(failure))
+            raise failure from exc
+        self.counters.snapshots_installed += 1
+        log.info("snapshot installed", seq=self.position.seq, size=size)
+        self._changed.set()
+        self._changed = trio.Event()
+        await self._ack(link)
+
+    async def _receive_snapshot(self, link: LinkStream, target: Path, size: int) -> Position:
+        """The snapshot's chunks into ``target``; the position it announces."""
         received = 0
         with target.open("wb") as file:
             while True:
@@ -351,12 +399,14 @@ class Follower:
                     break
                 raise LinkError(f"bad snapshot frame {part[0]!r:.40} at byte {received}")
         self.counters.bytes_received += received
-        self.position = await self._thread(self._install, target, expected)
-        self.counters.snapshots_installed += 1
-        log.info("snapshot installed", seq=self.position.seq, size=size)
-        self._changed.set()
-        self._changed = trio.Event()
-        await self._ack(link)
+        return expected
+
+
+async def _tell_fault(link: LinkStream, why: str) -> None:
+    """``["FAULT", why]``: the primary drops this standby for that reason (bounded: the
+    link is being closed anyway)."""
+    with trio.move_on_after(1.0), contextlib.suppress(LinkError):
+        await link.send(["FAULT", why[:500]])
 
 
 def _record(message: list[Any]) -> tuple[bytes, bytes]:

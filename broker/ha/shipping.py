@@ -110,6 +110,11 @@ HELP: dict[str, tuple[str, str]] = {
         "counter",
         "Replication connections whose TLS handshake failed (not TLS, a bad certificate).",
     ),
+    "standby_faults": (
+        "counter",
+        "Standby connections the standby ended because its store refused the records "
+        "(its disk full): dropped, nothing of it counted as written.",
+    ),
     "confirms_waited": ("counter", "Batches whose confirmation waited for the standby."),
     "confirms_alone": ("counter", "Batches confirmed with no standby in sync (sync = true)."),
     "term": ("gauge", "The term this primary writes in."),
@@ -134,6 +139,7 @@ class ShipperCounters:
     standby_dropped: int = 0  # disconnected: silent, fell out of the backlog, protocol error
     auth_failures: int = 0
     tls_failures: int = 0  # TLS handshakes that failed (with [ha] ca/cert/key)
+    standby_faults: int = 0  # the standby said it cannot store the records (FAULT)
     confirms_waited: int = 0  # batches whose confirmation waited for the standby's ack
     confirms_alone: int = 0  # batches confirmed with no standby in sync (sync = true)
 
@@ -424,6 +430,10 @@ class Shipper:
             if waiting.cancelled_caught:
                 raise LinkError(f"no word from the standby for {self.ack_timeout} s")
             self.last_contact = trio.current_time()
+            if message[0] == "FAULT":  # the standby could not store what it was sent
+                self.counters.standby_faults += 1
+                why = message[1] if len(message) == 2 and isinstance(message[1], str) else "?"
+                raise LinkError(f"the standby cannot store the records: {why:.500}")
             if (
                 message[0] != "ACK"
                 or len(message) not in (2, 4)
@@ -450,8 +460,11 @@ class Shipper:
         os.close(handle)
         path = Path(name)
         try:
-            await store.backup(path)
-            position = await trio.to_thread.run_sync(_snapshot_position, path, self._origin)
+            try:
+                await store.backup(path)
+                position = await trio.to_thread.run_sync(_snapshot_position, path, self._origin)
+            except (StoreError, OSError, sqlite3.Error) as exc:  # e.g. our disk is full
+                raise LinkError(f"cannot make a snapshot: {exc}") from exc
             size = path.stat().st_size
             await link.send(["SNAPSHOT", size])
             with path.open("rb") as file:

@@ -80,6 +80,11 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "subscribes": ("subscribes", "Subscribe requests served."),
     "unsubscribes": ("unsubscribes", "Unsubscribe requests served."),
     "store_errors": ("store_errors", "Store writes that failed."),
+    "store_full": (
+        "store_full",
+        "Store writes the disk refused (full, quota, file size limit): not stored, and "
+        "their confirmed publishes refused (STORE_FULL, MQTT 0x97).",
+    ),
     "retained_sent": (
         "retained_sent",
         "Retained messages queued to new subscriptions (from the retained store).",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -50,7 +51,7 @@ from broker.mqtt.packets import (
 )
 from broker.mqtt.publish import pass_through_properties
 from broker.mqtt.subscriptions import Options
-from broker.store import Pending, StoreError
+from broker.store import NotConfirmed, Pending, StoreError, StoreFull
 
 log = get_logger("topiary.mqtt")
 
@@ -60,23 +61,32 @@ PINGRESP = b"\xd0\x00"
 
 class Replies:
     """PUBACKs and PUBRECs in the order the PUBLISHes came, each once its message is stored
-    (like the native ``Confirms``): one task answers from the front as commits complete."""
+    (like the native ``Confirms``): one task answers from the front as commits complete.
+    A PUBLISH whose commit failed is answered by ``refuse(packet id, qos, error)``: its
+    refusal, or None when there is none to send (3.1.1: the connection is being closed,
+    and nothing after it is answered)."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(
+        self, session: Session, refuse: Callable[[int, int, BaseException], bytes | None]
+    ) -> None:
         self.session = session
-        self.waiting: deque[tuple[Pending | None, bytes, bytes]] = deque()
+        self.refuse = refuse
+        self.waiting: deque[tuple[Pending | None, bytes, int, int]] = deque()
         self._nursery: trio.Nursery | None = None
         self._draining = False
 
     def start_in(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
 
-    def after(self, pending: Pending | None, reply: bytes, failed: bytes) -> None:
-        """Send ``reply`` once ``pending`` committed (``failed`` if it did not)."""
+    def after(
+        self, pending: Pending | None, reply: bytes, packet_id: int = 0, qos: int = 0
+    ) -> None:
+        """Send ``reply`` once ``pending`` committed (if it did not: the refusal of the
+        PUBLISH ``packet_id`` of ``qos``)."""
         if pending is None and not self.waiting:
             self.session.send_control(reply)
             return
-        self.waiting.append((pending, reply, failed))
+        self.waiting.append((pending, reply, packet_id, qos))
         if not self._draining and self._nursery is not None:
             self._draining = True
             self._nursery.start_soon(self._drain)
@@ -91,12 +101,16 @@ class Replies:
                         await pending.wait()
                 out = []
                 while waiting and (waiting[0][0] is None or waiting[0][0].done):
-                    pending, reply, failed = waiting.popleft()
+                    pending, reply, packet_id, qos = waiting.popleft()
                     if pending is not None:
                         try:
                             pending.result()
-                        except StoreError:
-                            reply = failed
+                        except StoreError as exc:
+                            refusal = self.refuse(packet_id, qos, exc)
+                            if refusal is None:  # closing: nothing more is answered
+                                waiting.clear()
+                                break
+                            reply = refusal
                     out.append(reply)
                 if out:
                     self.session.send_control(b"".join(out))
@@ -117,7 +131,7 @@ class Requests:
         self.level = accepted.protocol_level
         self.v5 = accepted.v5
         self.aliases: dict[int, str] = {}
-        self.replies = Replies(self.session)
+        self.replies = Replies(self.session, self._not_stored)
         self.later: list[tuple[Any, tuple[Any, ...]]] = []
         self.publish_bucket = self.broker.guard.publish_bucket()  # None: no rate limit
 
@@ -242,19 +256,36 @@ class Requests:
     def _acknowledge(self, p: Publish, pending: Pending | None) -> None:
         """PUBACK (QoS 1) or PUBREC (QoS 2) once ``pending`` committed, in order."""
         qos = p.qos
+        pid: int = p.packet_id  # type: ignore[assignment]  (QoS > 0 has one)
         if qos == 1:
-            self.replies.after(
-                pending,
-                encode(PubAck(p.packet_id), self.level),  # type: ignore[arg-type]
-                encode(PubAck(p.packet_id, R.UNSPECIFIED_ERROR), self.level),  # type: ignore[arg-type]
-            )
+            self.replies.after(pending, encode(PubAck(pid), self.level), pid, 1)
         elif qos == 2:
-            self.state.qos2_received.add(p.packet_id)  # type: ignore[arg-type]
-            self.replies.after(
-                pending,
-                encode(PubRec(p.packet_id), self.level),  # type: ignore[arg-type]
-                encode(PubRec(p.packet_id, R.UNSPECIFIED_ERROR), self.level),  # type: ignore[arg-type]
-            )
+            self.state.qos2_received.add(pid)
+            self.replies.after(pending, encode(PubRec(pid), self.level), pid, 2)
+
+    def _not_stored(self, packet_id: int, qos: int, error: BaseException) -> bytes | None:
+        """The answer to a QoS > 0 PUBLISH whose commit failed (``Replies``), never its
+        acknowledgement: 5.0 a PUBACK/PUBREC with 0x97 Quota exceeded when the disk refused
+        it (``StoreFull``), 0x88 Server unavailable from a fenced hot-spare primary
+        (``NotConfirmed``), else 0x80, and the error as Reason String; 3.1.1 has no
+        refusal, so the connection is closed (None) and the client sends it again."""
+        if qos == 2:
+            self.state.qos2_received.discard(packet_id)  # not routed for good: take it again
+        if isinstance(error, StoreFull):
+            reason = R.QUOTA_EXCEEDED
+        elif isinstance(error, NotConfirmed):
+            reason = R.SERVER_UNAVAILABLE
+        else:
+            reason = R.UNSPECIFIED_ERROR
+        text = str(error)  # ("<db file>: not stored: <what the disk said>" for StoreFull)
+        self.broker.counters.errors[f"MQTT_{reason:#04x}"] += 1
+        if not self.v5:
+            self.conn.stop(Closing(reason, text))
+            return None
+        ack = PubAck(packet_id, reason) if qos == 1 else PubRec(packet_id, reason)
+        if self.accepted.problem_information:
+            ack.properties.reason_string = text[:200]
+        return encode(ack, 5)
 
     def _not_authorized(self, p: Publish, topic: str) -> Closing | None:
         """A PUBLISH the topic ACLs refuse (see the module docstring)."""
@@ -280,7 +311,7 @@ class Requests:
         ack = PubAck(p.packet_id, reason) if p.qos == 1 else PubRec(p.packet_id, reason)  # type: ignore[arg-type]
         if self.accepted.problem_information:
             ack.properties.reason_string = text[:200]
-        self.replies.after(None, encode(ack, 5), b"")
+        self.replies.after(None, encode(ack, 5))
         return None
 
     def _puback(self, p: PubAck) -> Closing | None:
@@ -303,10 +334,10 @@ class Requests:
         pid = p.packet_id
         if pid in self.state.qos2_received:
             self.state.qos2_received.discard(pid)
-            self.replies.after(None, encode(PubComp(pid), self.level), b"")
+            self.replies.after(None, encode(PubComp(pid), self.level))
         else:
             reason = R.PACKET_IDENTIFIER_NOT_FOUND if self.v5 else 0
-            self.replies.after(None, encode(PubComp(pid, reason), self.level), b"")
+            self.replies.after(None, encode(PubComp(pid, reason), self.level))
         return None
 
     def _pubcomp(self, p: PubComp) -> Closing | None:

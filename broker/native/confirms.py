@@ -17,7 +17,7 @@ import trio
 
 from broker.core import Session
 from broker.errors import ErrorCode
-from broker.store import NotConfirmed, Pending, StoreError
+from broker.store import NotConfirmed, Pending, StoreError, StoreFull
 from broker.wire.connection import Connection
 from broker.wire.frames import Error, PubAck
 
@@ -68,8 +68,9 @@ class Confirms:
             nursery.start_soon(self._drain)
 
     async def _drain(self) -> None:
-        """Send PUBACKs (or ERROR INTERNAL for a PUB the store failed) as commits complete,
-        until none waits."""
+        """Send PUBACKs as commits complete, until none waits; for a PUB not confirmed, ERROR
+        FENCED (a fenced hot-spare primary), STORE_FULL (the disk refused it: this request
+        only) or INTERNAL (any other store failure)."""
         try:
             waiting = self._waiting
             assert waiting is not None
@@ -93,6 +94,9 @@ class Confirms:
                             pending.result()
                         except NotConfirmed as exc:  # a fenced primary: the client goes on
                             error = Error(code=ErrorCode.FENCED, text=str(exc), ref=request_id)
+                            reply = self.proto.send(error)
+                        except StoreFull as exc:  # this PUB only: the connection stays
+                            error = Error(code=ErrorCode.STORE_FULL, text=str(exc), ref=request_id)
                             reply = self.proto.send(error)
                         except StoreError as exc:
                             error = Error(

@@ -15,6 +15,7 @@ from broker.store.records import (
     StoredMessage,
     StoredPrincipal,
     StoreError,
+    StoreFull,
     StoreStatistics,
 )
 from broker.store.schema import DB_FILENAME, SCHEMA_VERSION
@@ -29,6 +30,7 @@ __all__ = [
     "SessionRecord",
     "Store",
     "StoreError",
+    "StoreFull",
     "StoreStatistics",
     "StoredMessage",
     "StoredPrincipal",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
 
 __all__ = [
     "RetainedMessage",
     "SessionRecord",
     "StoreError",
+    "StoreFull",
     "StoreStatistics",
     "StoredMessage",
     "StoredPrincipal",
@@ -23,6 +25,34 @@ class StoreError(Exception):
 class NotConfirmed(StoreError):
     """Committed here, but not to be confirmed: this broker may not accept writes now (a
     fenced hot-spare primary). The publisher should send it again to the broker that may."""
+
+
+class StoreFull(StoreError):
+    """Nothing of the batch was stored: the disk refused the write (full, a quota or a file
+    size limit reached, or a failing device). Not confirmed to anyone; the same request may
+    succeed once space is freed, and the store serves reads meanwhile."""
+
+
+#: SQLite's (extended) result codes of a write the disk refused: SQLITE_FULL (ENOSPC), and
+#: the I/O errors of writing, syncing and resizing files (EFBIG past RLIMIT_FSIZE, EDQUOT).
+_WRITE_REFUSED = frozenset(
+    {
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR_WRITE,
+        sqlite3.SQLITE_IOERR_FSYNC,
+        sqlite3.SQLITE_IOERR_DIR_FSYNC,
+        sqlite3.SQLITE_IOERR_TRUNCATE,
+    }
+)
+
+
+def write_refused(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (a ``sqlite3.Error``, or one it caused) is the disk refusing a write."""
+    while exc is not None:
+        if getattr(exc, "sqlite_errorcode", None) in _WRITE_REFUSED:
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def open_failure(path: str, problem: str, exc: BaseException | None = None) -> StoreError:

@@ -41,8 +41,10 @@ from broker.store.records import (
     SessionRecord,
     StoredMessage,
     StoreError,
+    StoreFull,
     open_failure,
     stored_principal,
+    write_refused,
 )
 from broker.store.schema import check_or_create_schema
 
@@ -161,7 +163,8 @@ class SqliteBackend:
 
         Returns whether the transaction committed, and one outcome per operation. If the
         transaction itself fails (BEGIN or COMMIT, or SQLite rolled everything back after an
-        I/O error), every operation fails.
+        I/O error), or the disk refused any write, every operation fails (``StoreFull``
+        when the disk refused).
         """
         if self.closed:
             return self._fail_all(works, "the store is closed")
@@ -170,16 +173,24 @@ class SqliteBackend:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            return self._fail_all(works, f"cannot start a transaction ({exc})")
+            return self._fail_all(works, f"cannot start a transaction ({exc})", exc)
         outcomes = self._run_optimistically(works, before)
         if outcomes is None:
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                return self._fail_all(works, f"cannot restart the transaction ({exc})")
+                return self._fail_all(works, f"cannot restart the transaction ({exc})", exc)
             outcomes = self._run_isolated(works, before)
-            if outcomes is None:
-                return self._fail_all(works, "transaction rolled back")
+            if isinstance(outcomes, BaseException):
+                return self._fail_all(works, f"transaction rolled back ({outcomes})", outcomes)
+            full = next((v for ok, v in outcomes if not ok and isinstance(v, StoreFull)), None)
+            if full is not None:
+                # The disk refused one write: none of the batch is kept, so a failure that
+                # depends on the disk is never in a record (a standby would replay it, and
+                # its disk might take it).
+                conn.execute("ROLLBACK")
+                self._restore(before)
+                return self._fail_all(works, f"transaction rolled back ({full})", full)
         try:
             self._prune_published()
             conn.execute("COMMIT")
@@ -187,7 +198,7 @@ class SqliteBackend:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             self._restore(before)
-            return self._fail_all(works, f"commit failed ({exc})")
+            return self._fail_all(works, f"commit failed ({exc})", exc)
         return True, outcomes
 
     def _run_optimistically(self, works: Sequence[Work], before: RowCounts) -> list[Outcome] | None:
@@ -215,9 +226,12 @@ class SqliteBackend:
             return None
         return outcomes
 
-    def _run_isolated(self, works: Sequence[Work], before: RowCounts) -> list[Outcome] | None:
-        """Each operation in its own savepoint, so a failing one is rolled back alone;
-        None when the whole transaction was lost."""
+    def _run_isolated(
+        self, works: Sequence[Work], before: RowCounts
+    ) -> list[Outcome] | BaseException:
+        """Each operation in its own savepoint, so a failing one is rolled back alone; when
+        the whole transaction was lost (SQLite rolls back after a disk full or I/O error),
+        the error that lost it."""
         conn = self.conn
         outcomes: list[Outcome] = []
         for work in works:
@@ -229,7 +243,7 @@ class SqliteBackend:
                 self._restore(counts)
                 if not self._rollback_savepoint():
                     self._restore(before)
-                    return None
+                    return exc
                 outcomes.append((False, _as_store_error(exc)))
             else:
                 conn.execute("RELEASE op")
@@ -256,8 +270,12 @@ class SqliteBackend:
             return False
         return True
 
-    def _fail_all(self, works: Sequence[Work], why: str) -> tuple[bool, list[Outcome]]:
-        return False, [(False, StoreError(f"{self.path}: not stored: {why}")) for _ in works]
+    def _fail_all(
+        self, works: Sequence[Work], why: str, cause: BaseException | None = None
+    ) -> tuple[bool, list[Outcome]]:
+        """Every operation fails; with ``StoreFull`` when the disk refused the write."""
+        kind = StoreFull if write_refused(cause) else StoreError
+        return False, [(False, kind(f"{self.path}: not stored: {why}")) for _ in works]
 
     def counts(self) -> RowCounts:
         """(sessions, messages, deliveries, dedup ids, duplicates refused) as of now."""
@@ -812,7 +830,8 @@ class Append:
 def _as_store_error(exc: Exception) -> Exception:
     """sqlite3 errors become StoreError (chained); our own and programming errors pass as is."""
     if isinstance(exc, sqlite3.Error):
-        error = StoreError(f"{type(exc).__name__}: {exc}")
+        kind = StoreFull if write_refused(exc) else StoreError
+        error = kind(f"{type(exc).__name__}: {exc}")
         error.__cause__ = exc
         return error
     return exc
