@@ -531,6 +531,7 @@ def test_every_error_code_states_whether_it_closes_the_connection() -> None:
         ErrorCode.NOT_AUTHORIZED,
         ErrorCode.RATE_LIMITED,
         ErrorCode.LIMIT_EXCEEDED,
+        ErrorCode.STORE_FULL,  # that one publish is refused; the store may take the next
     }
     for code in ErrorCode:
         assert code.closes_connection is (code not in request_level), code
