@@ -1,9 +1,12 @@
 """A broker of a pair binds every port at start and holds it whatever its role: a standby
-answers on all of them (refuses clients in their protocol, closes the other ports at once),
-and a port taken by another program stops the start, not a promotion later."""
+answers on all of them (refuses clients in their protocol, answers operators on its HTTP
+port, closes the other ports at once), and a port taken by another program stops the
+start, not a promotion later."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,13 +15,17 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker.client import BrokerError, connect, tls_context
 from broker.config import BrokerConfig
+from broker.ha.follower import FollowerCounters
+from broker.ha.standby_http import FOLLOWER_HELP
 from broker.listeners import ListenError
 from broker.server import run_broker
 from tests.certs import Issued, Pki
 from tests.test_cli import free_port, run
+from tests.test_http import get
 
 WAIT = 10
 
@@ -86,15 +93,48 @@ async def test_a_standby_refuses_native_clients_over_tls_and_names_the_primary(
     assert config.ha_partner is not None and config.ha_partner in refused.value.text
 
 
-async def test_a_standby_holds_its_link_and_http_ports_and_closes_connections_to_them(
+async def test_a_standby_holds_its_link_port_and_closes_connections_to_it(
     tmp_path: Path,
 ) -> None:
-    http_port = free_port()
-    config = _standby(tmp_path, http_listen=f"127.0.0.1:{http_port}")
+    config = _standby(tmp_path)
     assert config.ha_link_port is not None
     async with _running(config):
         assert await _closed_at_once(config.ha_link_port)
-        assert await _closed_at_once(http_port)
+
+
+async def test_a_standby_is_healthy_but_not_ready_on_its_http_port(tmp_path: Path) -> None:
+    http_port = free_port()
+    config = _standby(tmp_path, http_listen=f"127.0.0.1:{http_port}")
+    async with _running(config):
+        assert await get(("127.0.0.1", http_port), "/healthz") == (200, b"ok\n")
+        status, body = await get(("127.0.0.1", http_port), "/readyz")
+    assert status == 503
+    assert body.decode() == f"not ready: standby; the primary is {config.ha_partner}\n"
+
+
+async def test_a_standby_s_metrics_count_the_clients_it_refused(tmp_path: Path) -> None:
+    http_port = free_port()
+    config = _standby(tmp_path, http_listen=f"127.0.0.1:{http_port}")
+    async with _running(config):
+        with pytest.raises(BrokerError):
+            async with connect(("127.0.0.1", config.port)):
+                pass
+        status, body = await get(("127.0.0.1", http_port), "/metrics")
+        _, stats = await get(("127.0.0.1", http_port), "/api/stats")
+    assert status == 200
+    samples = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+    }
+    assert samples["topiary_ha_standby"] == 1
+    assert samples["topiary_ha_door_refused_native_total"] == 1
+    assert samples["topiary_ha_standby_connected"] == 0  # its primary never came
+    assert json.loads(stats)["role"] == "standby"
+
+
+def test_every_follower_counter_has_a_metric() -> None:
+    assert set(FOLLOWER_HELP) == {field.name for field in dataclasses.fields(FollowerCounters)}
 
 
 async def test_a_pair_broker_whose_link_port_is_taken_does_not_start(tmp_path: Path) -> None:

@@ -66,9 +66,10 @@ class StandbyDoor:
     async def serve(
         self, listeners: Listeners, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Answer on every socket of the broker until cancelled: native and MQTT clients
-        (over TLS too) are refused in their protocol; the other ports (WebSocket, HTTP, the
-        replication link) are closed at once, so whoever dialled moves on without waiting."""
+        """Answer on every socket of ``listeners`` until cancelled: native and MQTT clients
+        (over TLS too) are refused in their protocol; the other ports (WebSocket, HTTP when
+        given, the replication link) are closed at once, so whoever dialled moves on without
+        waiting. (broker/ha/pair.py gives the HTTP ports to broker/ha/standby_http.py.)"""
         handlers: list[tuple[list[Any], Callable[[trio.abc.Stream], Awaitable[None]]]] = [
             ([*listeners.native, *listeners.secure("native")], self._native),
             ([*listeners.mqtt, *listeners.secure("mqtt")], self._mqtt),

@@ -21,7 +21,9 @@ from broker.ha.door import StandbyDoor
 from broker.ha.elector import Elector
 from broker.ha.follower import Follower
 from broker.ha.shipping import Shipper
+from broker.ha.standby_http import standby_routes
 from broker.ha.tls import PairTls
+from broker.http.server import HttpServer
 from broker.listeners import Listeners
 from broker.log import get_logger
 from broker.security.reload import reload_all
@@ -60,7 +62,16 @@ async def standby_until_promoted(
     async with trio.open_nursery() as nursery:
         link = config.ha_partner_link
         await nursery.start(follower.run, partner[0], link)
-        await nursery.start(door.serve, held.lend())
+        lent = held.lend()
+        operators = [*lent.http, *lent.secure("http")]  # the door leaves these to us
+        lent.http, lent.tls["http"] = [], []
+        await nursery.start(door.serve, lent)
+        if operators:
+            http = HttpServer(
+                standby_routes(follower, door, elector, config.ha_partner),
+                request_timeout=config.http_request_timeout,
+            )
+            await nursery.start(http.serve, operators)
         if handle_signals:  # (SIGHUP's default action would end the process)
             nursery.start_soon(_reload_on_signal, [] if tls is None else [tls])
         log.info("standby", primary=config.ha_partner, link=f"{partner[0]}:{link}",
