@@ -35,7 +35,7 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 
 test: $(STAMP) debs $(JS_STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
 	$(PY) -m bridges.demo

@@ -335,7 +335,9 @@ def test_a_string_with_a_lone_surrogate_is_a_bad_value() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [msgpack.ExtType(5, b"x"), msgpack.Timestamp(1, 0), object()], ids=repr
+    "value",
+    [msgpack.ExtType(5, b"x"), msgpack.Timestamp(1, 0), object()],
+    ids=["ext-type", "timestamp", "object"],  # (stable ids: repr(object()) is an address)
 )
 def test_a_value_of_another_type_is_a_bad_value(value: object) -> None:
     assert mapping_error("b/{v}", {"v": value}).reason == "bad_value"
