@@ -134,16 +134,18 @@ class Node:
         *,
         partner_link: int | None = None,
         failover: str = "witness",
+        more_ha: str = "",
     ) -> None:
         """``topiary serve`` with ``[ha]``: ``role`` at first start, ``witness`` as
-        HOST:PORT, the partner's link at ``partner_link`` (default: its own port)."""
+        HOST:PORT, the partner's link at ``partner_link`` (default: its own port), and
+        ``more_ha`` lines of [ha] keys."""
         link = partner.link_port if partner_link is None else partner_link
         self.config.write_text(
             f'[server]\nport = {self.port}\nhost = "127.0.0.1"\ndata_dir = "{self.data_dir}"\n'
             f'[mqtt]\nlisten = "127.0.0.1:{self.mqtt_port}"\n'
             f'[ha]\nrole = "{role}"\npartner = "{partner.address}"\nwitness = "{witness}"\n'
             f'secret = "{SECRET}"\nfailover = "{failover}"\n'
-            f"link_port = {self.link_port}\npartner_link_port = {link}\n"
+            f"link_port = {self.link_port}\npartner_link_port = {link}\n{more_ha}"
         )
         with self.log.open("ab") as log:
             self._start_at = self.log.stat().st_size

@@ -18,7 +18,7 @@ import trio
 from broker.client import connect
 from tests.certs import Pki
 from tests.hakit import SECRET, Node, until
-from tests.test_cli import TOPIARY, free_port, run, wait_listening
+from tests.test_cli import TOPIARY, free_port, run
 
 SESSION = "tls-durable"
 
@@ -31,22 +31,9 @@ class TlsNode(Node):
         self.pki = pki
         self.issued = pki.both(name)  # names 127.0.0.1: the partner dials that
 
-    def start(self, role: str, partner: Node, witness: str) -> None:
-        config = self.data_dir.parent / f"{self.name}.toml"
-        config.write_text(
-            f'[server]\nport = {self.port}\nhost = "127.0.0.1"\ndata_dir = "{self.data_dir}"\n'
-            f'[ha]\nrole = "{role}"\npartner = "{partner.address}"\n'
-            f'witness = "{witness}"\nsecret = "{SECRET}"\nlink_port = {self.link_port}\n'
-            f"partner_link_port = {partner.link_port}\n"
-            f'ca = "{self.pki.ca}"\ncert = "{self.issued.cert}"\nkey = "{self.issued.key}"\n'
-        )
-        with self.log.open("ab") as log:
-            self._start_at = self.log.stat().st_size
-            self.proc = subprocess.Popen(
-                [*TOPIARY, "serve", "--config", str(config), "--log-format", "json"],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        wait_listening(self.port, self.proc)
+    def start(self, role: str, partner: Node, witness: str) -> None:  # type: ignore[override]
+        tls = f'ca = "{self.pki.ca}"\ncert = "{self.issued.cert}"\nkey = "{self.issued.key}"\n'
+        super().start(role, partner, witness, more_ha=tls)
 
 
 @pytest.fixture

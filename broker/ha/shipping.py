@@ -61,8 +61,9 @@ from broker.ha.records import (
     read_position,
     write_position,
 )
-from broker.ha.tls import PairTls, TlsHandshakeFailed, peer_address
+from broker.ha.tls import PairTls, TlsHandshakeFailed
 from broker.log import get_logger
+from broker.security.tls import peer_address
 from broker.store.records import StoreError
 from broker.store.sqlite import Work
 

@@ -27,7 +27,7 @@ import trio
 from broker.config import BrokerConfig
 from broker.security.tls import client_context, server_context
 
-__all__ = ["PairTls", "TlsHandshakeFailed", "peer_address", "tls_reason"]
+__all__ = ["PairTls", "TlsHandshakeFailed", "tls_reason"]
 
 
 class TlsHandshakeFailed(Exception):
@@ -45,15 +45,6 @@ def tls_reason(exc: BaseException) -> str | None:
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     return None
-
-
-def peer_address(stream: trio.abc.Stream) -> str:
-    """``HOST:PORT`` of an accepted TCP connection, for the log ("?" when it has gone)."""
-    try:
-        host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
-    except (AttributeError, OSError, TypeError, ValueError):
-        return "?"
-    return f"{host}:{port}"
 
 
 class PairTls:

@@ -36,10 +36,11 @@ from broker.ha.codec import (
 from broker.ha.messages import OK, Renew
 from broker.ha.stream import FrameStream
 from broker.ha.termfile import TermFile
-from broker.ha.tls import PairTls, TlsHandshakeFailed, peer_address
+from broker.ha.tls import PairTls, TlsHandshakeFailed
 from broker.ha.witness_state import WitnessState
 from broker.log import get_logger
 from broker.security.reload import reload_all
+from broker.security.tls import peer_address
 
 __all__ = ["Witness", "WitnessCounters", "run_witness"]
 

@@ -144,7 +144,7 @@ class ServerTls:
         """Do ``stream``'s handshake within ``timeout`` seconds; False (counted, logged) if
         it failed: not TLS, an old version, no or a bad client certificate, too slow."""
         reason = f"no TLS handshake within {timeout:g} s"
-        peer = _address(stream.transport_stream)  # now: a client that gave up has none later
+        peer = peer_address(stream.transport_stream)  # now: a client that gave up has none later
         with trio.move_on_after(timeout):
             try:
                 await stream.do_handshake()
@@ -156,7 +156,8 @@ class ServerTls:
         return False
 
 
-def _address(stream: trio.abc.Stream) -> str:
+def peer_address(stream: trio.abc.Stream) -> str:
+    """``HOST:PORT`` of an accepted TCP connection, for the log ("?" when it has gone)."""
     try:
         host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
     except (AttributeError, OSError, TypeError, ValueError):
