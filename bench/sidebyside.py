@@ -50,7 +50,10 @@ exit status): completion >= 1.0x NATS at S = 1,000 and 10,000; p99 at 2,000 msg/
 Mosquitto's in the same run; every delivery exact. ``--brokers`` may also name
 ``topiary-mqtt`` (topiary's MQTT port, with Mosquitto's MQTT client; its row's ratios are
 topiary / topiary-mqtt); bench/mqtt_sidebyside.py is the same run with the ratios and
-goals of topiary-mqtt against Mosquitto (issue 17).
+goals of topiary-mqtt against Mosquitto (issue 17). ``relay-trio`` and ``relay-epoll`` are
+the reference relays of bench/harness/relay.py (the least a Python process does per
+message): the floor of the latency figures. Each latency phase notes how the kernel ran
+the broker (CPU ms, ms waiting for a CPU, times preempted: ``broker_scheduling``).
 
 ``--quick``: 4,000 messages and a 0.5 s latency phase (a smoke test). Every wait is
 bounded: a broker that fails or a worker that hangs gives an error row, not a hang; a
