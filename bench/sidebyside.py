@@ -50,7 +50,10 @@ exit status): completion >= 1.0x NATS at S = 1,000 and 10,000; p99 at 2,000 msg/
 Mosquitto's in the same run; every delivery exact. ``--brokers`` may also name
 ``topiary-mqtt`` (topiary's MQTT port, with Mosquitto's MQTT client; its row's ratios are
 topiary / topiary-mqtt); bench/mqtt_sidebyside.py is the same run with the ratios and
-goals of topiary-mqtt against Mosquitto (issue 17).
+goals of topiary-mqtt against Mosquitto (issue 17). ``relay-trio`` and ``relay-epoll`` are
+the reference relays of bench/harness/relay.py (the least a Python process does per
+message): the floor of the latency figures. Each latency phase notes how the kernel ran
+the broker (CPU ms, ms waiting for a CPU, times preempted: ``broker_scheduling``).
 
 ``--quick``: 4,000 messages and a 0.5 s latency phase (a smoke test). Every wait is
 bounded: a broker that fails or a worker that hangs gives an error row, not a hang; a
@@ -94,7 +97,7 @@ from bench.harness.crossload import (  # noqa: E402
     subscriber_main,
 )
 from bench.harness.processes import broker_stats  # noqa: E402
-from bench.harness.procfs import cpu_seconds, proc_status  # noqa: E402
+from bench.harness.procfs import cpu_seconds, proc_status, scheduling  # noqa: E402
 from bench.harness.report import (  # noqa: E402
     Goals,
     arg_parser,
@@ -183,6 +186,7 @@ class Run:
         stats_port = self.broker.stats_port  # topiary's native port, whatever the front end
         before = _topiary_stats(stats_port) if stats_port else None
         cpu_before = cpu_seconds(self.broker.pid)
+        sched_before = scheduling(self.broker.pid)
         for worker in self.subs:
             worker.send(("count", name, timeout, latency))
         for worker in self.subs:
@@ -198,6 +202,7 @@ class Run:
         self.pub.send(("enough",))
         markers = self.pub.expect("stopped", 30)[1]["markers"]
         broker_cpu = cpu_seconds(self.broker.pid) - cpu_before
+        sched_after = scheduling(self.broker.pid)
         after = _topiary_stats(stats_port) if stats_port else None
         published.pop("late_batches", None)
         published.pop("long_writes", None)
@@ -206,6 +211,11 @@ class Run:
             "rows": rows,
             "markers": markers,
             "broker_cpu_seconds": broker_cpu,
+            # how the kernel ran the broker meanwhile (ms on a CPU, ms waiting for one,
+            # times preempted): on 2 shared cores, waits make the latency's tail
+            "broker_scheduling": {
+                k: sched_after[k] - sched_before[k] for k in sched_after if k in sched_before
+            },
             "subscriber_cpu_seconds": sub_cpu,
             "broker_counters": _dropped(before, after),
         }
@@ -260,6 +270,7 @@ def _latency(raw: dict[str, Any], expectation: Expectation) -> dict[str, Any]:
         "exactness": _exactness(rows, expectation, published["sent"], offset),
         "complete": all(r["marker_ns"] is not None for r in rows),
         "broker_cpu_seconds": raw["broker_cpu_seconds"],
+        "broker_scheduling": raw["broker_scheduling"],
         "broker_counters": raw["broker_counters"],
     }
 
@@ -540,6 +551,13 @@ def notes(report: dict[str, Any]) -> list[str]:
                     )
                 if not p["complete"]:
                     out.append(f"{tag} {phase}: not every subscriber saw the marker")
+                sched = p.get("broker_scheduling") or {}
+                if phase == "latency" and "run_ms" in sched:
+                    out.append(
+                        f"{tag} latency: the broker ran {sched['run_ms']:,.0f} ms, waited "
+                        f"{sched['wait_ms']:,.0f} ms for a CPU, preempted "
+                        f"{sched.get('preempted', 0):,.0f} times"
+                    )
             for error in r.get("subscriber_errors", [])[:3]:
                 out.append(f"{tag}: subscriber: {error}")
             summary = r.get("broker_log_summary", {})

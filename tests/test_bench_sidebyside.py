@@ -57,6 +57,8 @@ def check_result(result: dict, size: int, messages: int) -> None:
         figures = lat[key]
         assert figures["samples"] == lat["exactness"]["received"]
         assert 0 <= figures["p50"] <= figures["p99"] <= figures["max"]
+    sched = lat["broker_scheduling"]  # /proc/PID/schedstat over the latency phase
+    assert sched["run_ms"] > 0 and sched["wait_ms"] >= 0 and sched["preempted"] >= 0
     for phase in (tput, lat):
         exact = phase["exactness"]
         assert exact["exact"] is True, exact

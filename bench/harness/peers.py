@@ -52,6 +52,10 @@ bench/harness/clients in its own protocol (``PROTOCOL``).
 
   NATS sends one MSG per matching subscription: a connection whose filters overlap gets a
   message more than once (``DELIVERY["nats"]``); there is no setting for it.
+- ``relay-trio``, ``relay-epoll``: not brokers, the reference relays of
+  bench/harness/relay.py (``python -m bench.harness.relay trio|epoll PORT``), spoken to with
+  the native client: the least a Python process does per message, to know the floor of
+  the latency figures (one copy per connection, as topiary).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ import contextlib
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,13 +90,18 @@ from bench.harness.processes import (
 KINDS: Final = ("topiary", "mosquitto", "nats")
 #: topiary's two front ends: this repository, always "installed".
 TOPIARY_KINDS: Final = ("topiary", "topiary-mqtt")
+#: The reference relays of bench/harness/relay.py (this repository, always "installed"):
+#: the least a Python process does per message, on trio and on a bare epoll loop.
+RELAY_KINDS: Final = ("relay-trio", "relay-epoll")
 #: Every kind ``start`` knows, in table order.
-ALL_KINDS: Final = ("topiary", "topiary-mqtt", "mosquitto", "nats")
+ALL_KINDS: Final = ("topiary", "topiary-mqtt", "mosquitto", "nats", *RELAY_KINDS)
 PROTOCOL: Final = {
     "topiary": "native",
     "topiary-mqtt": "mqtt",
     "mosquitto": "mqtt",
     "nats": "nats",
+    "relay-trio": "native",
+    "relay-epoll": "native",
 }
 #: How many MSGs a connection gets for one message: "connection" (once, however many of its
 #: filters match) or "subscription" (once per matching filter).
@@ -100,6 +110,8 @@ DELIVERY: Final = {
     "topiary-mqtt": "connection",
     "mosquitto": "connection",
     "nats": "subscription",
+    "relay-trio": "connection",
+    "relay-epoll": "connection",
 }
 PROGRAMS: Final = {"mosquitto": "mosquitto", "nats": "nats-server"}
 INSTALL_HINT: Final = "apt-get install mosquitto nats-server"
@@ -139,8 +151,8 @@ max_payload: 1048576
 
 
 def program(kind: str) -> str | None:
-    """The path of the peer broker's program, or None if it is not installed (topiary: None,
-    it is this repository)."""
+    """The path of the peer broker's program, or None if it is not installed (topiary and
+    the relays: None, they are this repository)."""
     name = PROGRAMS.get(kind)
     if name is None:
         if kind not in ALL_KINDS:
@@ -158,7 +170,7 @@ def program(kind: str) -> str | None:
 
 def installed(kind: str) -> bool:
     """Whether a broker of ``kind`` can be started here."""
-    return kind in TOPIARY_KINDS or program(kind) is not None
+    return kind in TOPIARY_KINDS or kind in RELAY_KINDS or program(kind) is not None
 
 
 def install_hint(kind: str) -> str:
@@ -168,7 +180,7 @@ def install_hint(kind: str) -> str:
 
 def version(kind: str) -> str | None:
     """The broker's version as it reports it (None if unknown)."""
-    if kind in TOPIARY_KINDS:
+    if kind in TOPIARY_KINDS or kind in RELAY_KINDS:
         return "this checkout"
     path = program(kind)
     if path is None:
@@ -225,6 +237,13 @@ def start(kind: str, log_dir: Path, label: str) -> RunningBroker:
             config_dir,
             stats_port=broker.port,
         )
+    if kind in RELAY_KINDS:
+        port = free_port()
+        command = [sys.executable, "-m", "bench.harness.relay", kind.split("-")[1], str(port)]
+        popen, log_file = spawn_logged(command, log_path)
+        broker = RunningBroker(kind, port, popen, log_path, log_file)
+        _wait_listening(broker)
+        return broker
     path = program(kind)
     if path is None:
         raise BenchError(f"{kind} is not installed ({install_hint(kind)})")
@@ -244,17 +263,23 @@ def start(kind: str, log_dir: Path, label: str) -> RunningBroker:
         shutil.rmtree(config_dir, ignore_errors=True)
         raise
     broker = RunningBroker(kind, port, popen, log_path, log_file, config_dir)
+    _wait_listening(broker)
+    return broker
+
+
+def _wait_listening(broker: RunningBroker) -> None:
+    """Until ``broker`` accepts a connection; stopped, and BenchError, if it does not."""
+    kind, popen = broker.kind, broker.popen
     try:
-        wait_listening({kind: (popen, port)}, BROKER_START_TIMEOUT)
+        wait_listening({kind: (popen, broker.port)}, BROKER_START_TIMEOUT)
     except BrokerExited:
         stop(broker)
         raise BenchError(
-            f"{kind} exited with status {popen.returncode}:\n{tail(log_path)}"
+            f"{kind} exited with status {popen.returncode}:\n{tail(broker.log_path)}"
         ) from None
     except NotListening:
         stop(broker)
         raise BenchError(f"{kind} did not listen within {BROKER_START_TIMEOUT:g} s") from None
-    return broker
 
 
 def stop(broker: RunningBroker) -> dict[str, Any]:

@@ -33,6 +33,30 @@ def cpu_seconds(pid: int) -> float:
     return sum(cpu_times(pid))
 
 
+def scheduling(pid: int) -> dict[str, float]:
+    """How the kernel scheduled ``pid`` so far, summed over its threads (nats-server's work
+    is not on its main thread): ms on a CPU and ms runnable but waiting for one
+    (/proc/PID/task/*/schedstat, nanoseconds), and how often a thread was switched out while
+    it still wanted to run (``nonvoluntary_ctxt_switches``: preempted). Threads that ended
+    between two readings are missing from the later one. Empty if not readable."""
+    run_ns = wait_ns = preempted = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        for task in tasks:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                run, wait = (int(x) for x in f.read().split()[:2])
+            run_ns += run
+            wait_ns += wait
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key == "nonvoluntary_ctxt_switches":
+                        preempted += int(value)
+    except (OSError, ValueError):
+        return {}
+    return {"run_ms": run_ns / 1e6, "wait_ms": wait_ns / 1e6, "preempted": preempted}
+
+
 def machine_cpu() -> float:
     """CPU seconds the whole machine has spent busy since boot (user, nice, system, irq,
     softirq: not idle, iowait or steal, the time the hypervisor gave to other guests)."""
