@@ -138,7 +138,7 @@ class Node:
     ) -> None:
         """``topiary serve`` with ``[ha]``: ``role`` at first start, ``witness`` as
         HOST:PORT, the partner's link at ``partner_link`` (default: its own port), and
-        ``more_ha`` lines of [ha] keys."""
+        ``more_ha`` lines after the [ha] keys (more of them, then other tables)."""
         link = partner.link_port if partner_link is None else partner_link
         self.config.write_text(
             f'[server]\nport = {self.port}\nhost = "127.0.0.1"\ndata_dir = "{self.data_dir}"\n'

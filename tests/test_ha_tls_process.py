@@ -30,9 +30,12 @@ class TlsNode(Node):
         super().__init__(name, tmp_path)
         self.pki = pki
         self.issued = pki.both(name)  # names 127.0.0.1: the partner dials that
+        self.tls_port = free_port()
 
     def start(self, role: str, partner: Node, witness: str) -> None:  # type: ignore[override]
-        tls = f'ca = "{self.pki.ca}"\ncert = "{self.issued.cert}"\nkey = "{self.issued.key}"\n'
+        files = f'cert = "{self.issued.cert}"\nkey = "{self.issued.key}"\n'
+        tls = f'ca = "{self.pki.ca}"\n{files}'  # [ha]: the pair's links
+        tls += f'[tls]\n{files}listen_native = "127.0.0.1:{self.tls_port}"\n'  # clients'
         super().start(role, partner, witness, more_ha=tls)
 
 
@@ -137,6 +140,8 @@ def test_sighup_reloads_the_link_certificates_on_primary_and_standby(
             node.proc.send_signal(signal.SIGHUP)
         await until(lambda: a.logged('"part": "ha tls"') == 1, "primary reloaded", 20)
         await until(lambda: b.logged('"part": "ha tls"') == 1, "standby reloaded", 20)
+        for node in (a, b):  # and the client ports' certificate, held by the standby too
+            await until(lambda n=node: n.logged('"part": "tls"') == 1, "client tls reloaded")
         assert a.proc is not None and b.proc is not None
         assert a.proc.poll() is None and b.proc.poll() is None  # SIGHUP ends neither
         async with connect([a.address, b.address]) as p:

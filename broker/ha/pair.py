@@ -24,9 +24,9 @@ from broker.ha.shipping import Shipper
 from broker.ha.standby_http import standby_routes
 from broker.ha.tls import PairTls
 from broker.http.server import HttpServer
-from broker.listeners import Listeners
+from broker.listeners import TLS_KINDS, Listeners
 from broker.log import get_logger
-from broker.security.reload import reload_all
+from broker.security.reload import Reloadable, reload_all
 from broker.store import Store
 
 __all__ = ["standby_until_promoted", "start_shipping"]
@@ -73,7 +73,7 @@ async def standby_until_promoted(
             )
             await nursery.start(http.serve, operators)
         if handle_signals:  # (SIGHUP's default action would end the process)
-            nursery.start_soon(_reload_on_signal, [] if tls is None else [tls])
+            nursery.start_soon(_reload_on_signal, _reloadable(held, tls))
         log.info("standby", primary=config.ha_partner, link=f"{partner[0]}:{link}",
                  seq=follower.position.seq)  # fmt: skip
         if elector is not None:
@@ -134,9 +134,20 @@ async def _promoted_or_stopped(elector: Elector, handle_signals: bool) -> bool:
     return promoted
 
 
-async def _reload_on_signal(parts: list[PairTls]) -> None:
-    """SIGHUP on a standby: read the link's certificate files again (a primary's server
-    reloads them with the rest, ``Server.reloadables``)."""
+def _reloadable(held: Listeners, tls: PairTls | None) -> list[Reloadable]:
+    """What a standby re-reads at SIGHUP: the link's TLS files, and the client ports'
+    certificate (its TLS ports are held, and the door handshakes on them)."""
+    parts: list[Reloadable] = [] if tls is None else [tls]
+    for kind in TLS_KINDS:
+        for listener in held.secure(kind):
+            if all(listener.tls is not part for part in parts):
+                parts.append(listener.tls)
+    return parts
+
+
+async def _reload_on_signal(parts: list[Reloadable]) -> None:
+    """SIGHUP on a standby: read its certificate files again (a primary's server reloads
+    them with the rest, ``Server.reloadables``)."""
     with trio.open_signal_receiver(signal.SIGHUP) as received:
         async for _signum in received:
             log.info("signal", signal="SIGHUP")
