@@ -199,8 +199,9 @@ def test_durable_sub_needs_a_client_id() -> None:
 
 def test_sessions_and_session_drop(tmp_path) -> None:
     with serving("--data-dir", str(tmp_path / "data")) as server:
-        sub = run("sub", "--client-id", "op", "--durable", "--timeout", "0.3", "s/>", server=server)
-        assert sub.returncode == 0, sub.stderr
+        sub = start_sub("--client-id", "op", "--durable", "s/>", server=server)  # subscribed
+        sub.send_signal(signal.SIGINT)  # leaves: the durable session stays
+        sub.communicate(timeout=10)
         listed = run("sessions", server=server)
         assert listed.returncode == 0
         (info,) = json.loads(listed.stdout)

@@ -272,13 +272,16 @@ async def member(
             task_status.started()
             count = 0
             while not stop.is_set():
-                with trio.move_on_after(0.2):
+                message = None
+                with trio.move_on_after(0.2):  # (only the wait: an ack is never cut off)
                     message = await sub.get()
-                    if die_after is not None and count >= die_after:
-                        return  # killed mid-stream: this one is never acked
-                    seen.setdefault(message.payload.decode(), []).append(name)
-                    await c.ack(message.seq, single=True)
-                    count += 1
+                if message is None:
+                    continue
+                if die_after is not None and count >= die_after:
+                    return  # killed mid-stream: this one is never acked
+                seen.setdefault(message.payload.decode(), []).append(name)
+                await c.ack(message.seq, single=True)
+                count += 1
 
 
 async def test_shared_group_survives_a_member_dying_mid_stream(tmp_path: Path) -> None:

@@ -158,10 +158,10 @@ async def test_a_slowloris_is_closed_by_the_server_while_both_ports_keep_serving
             closed.set()
             cancel.cancel()
 
+        started = trio.current_time()  # (before the connect: the server's clock starts at accept)
         stream = await trio.open_tcp_stream(*address)
         async with stream, trio.open_nursery() as nursery:
             nursery.start_soon(reader, stream, nursery.cancel_scope)
-            started = trio.current_time()
             nursery.start_soon(slowloris, stream)
             await trickling.wait()
             # Meanwhile: the broker's own port and the HTTP port both serve.

@@ -743,7 +743,9 @@ def test_a_qos2_exchange_from_the_client_completes_after_a_reconnect_and_routes_
         assert pub.expect() == PubComp(11)
         pub.send(Publish("q2in/marker", b"m", qos=1, packet_id=12))
         assert pub.expect() == PubAck(12)
-    assert [m.topic for m in (sub.receive(), sub.receive())] == ["q2in/x", "q2in/marker"]
+    # (sorted: Paho hands a QoS 2 message over only after its PUBREL round trip, so under
+    # load the QoS 1 marker may overtake it; two receipts, each topic once: routed once)
+    assert sorted(m.topic for m in (sub.receive(), sub.receive())) == ["q2in/marker", "q2in/x"]
     sub.disconnect()
 
 
