@@ -14,13 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.ports import free_port
+
 TOPIARY = [sys.executable, "-m", "broker.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_listening(port: int, proc: subprocess.Popen, seconds: float = 10) -> None:

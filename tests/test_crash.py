@@ -29,16 +29,11 @@ from pathlib import Path
 import trio
 
 from broker.client import connect
+from tests.ports import free_port
 
 ROUNDS = int(os.environ.get("TOPIARY_CRASH_ROUNDS", "20"))
 TIME_BUDGET = 60.0  # seconds for all rounds together
 SESSIONS = ("crash-a", "crash-b")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_broker(

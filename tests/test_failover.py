@@ -3,7 +3,6 @@ a lost connection moves to the next, unconfirmed publishes go again with their i
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -25,15 +24,9 @@ from broker.wire import frames
 from broker.wire.connection import Connection, Role
 from tests.conftest import running_broker
 from tests.faultproxy import FaultProxy
+from tests.ports import free_port
 
 FAST = (0.02, 0.2)  # reconnect backoff: first wait, limit
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def where(server: Server) -> str:
