@@ -184,6 +184,7 @@ def run(tasks: int, seconds: float, work: Path) -> dict[str, Any]:
         confirmed, cpu = _measure(port, tasks, seconds, {"broker": single})
         results["single_per_second"] = confirmed / seconds
         results["single_cpu_us"] = _cpu_per_message(cpu, confirmed)
+        results["single_mean_batch"] = trio.run(_stats, port)["store"]["mean_batch"]
     finally:
         _stop(single)
     ports = {"a": _free_port(), "b": _free_port()}
@@ -208,7 +209,9 @@ def run(tasks: int, seconds: float, work: Path) -> dict[str, Any]:
         )
         results["pair_per_second"] = confirmed / seconds
         results["pair_cpu_us"] = _cpu_per_message(cpu, confirmed)
-        ha = trio.run(_stats, ports["a"]).get("ha", {})
+        stats = trio.run(_stats, ports["a"])
+        results["pair_mean_batch"] = stats["store"]["mean_batch"]
+        ha = stats.get("ha", {})
         results["pair_confirms_alone"] = ha.get("confirms_alone")
         results["pair_confirms_waited"] = ha.get("confirms_waited")
     finally:
@@ -404,6 +407,8 @@ def main() -> None:
     print(f"{'pair, sync = true':<28} {results['pair_per_second']:>12.0f}   "
           f"primary {pair['primary']:.1f}, standby {pair['standby']:.1f}, "
           f"publisher {pair['publisher']:.1f}")  # fmt: skip
+    print(f"messages per commit: single {results['single_mean_batch']}, "
+          f"pair's primary {results['pair_mean_batch']}")  # fmt: skip
     print(f"ratio {results['ratio']:.2f} (goal >= 0.75); batches confirmed alone in the pair: "
           f"{results['pair_confirms_alone']}")  # fmt: skip
     if args.kills > 0:
