@@ -12,6 +12,12 @@ seconds. confirmed/s = PUBACKs / S. The pair's row also says how many of its bat
 confirmed alone (no standby in sync: must be 0) from the primary's ``stats``. Goal
 (issue 20): pair >= 0.75 x single.
 
+CPU per confirmed message (us): each broker's user + system time from ``/proc/<pid>/stat``
+over the measured interval (read just before the publisher starts and just after it
+exits), and the publisher's own under the load (``resource.getrusage``), divided by the
+PUBACKs. On a shared machine this moves much less than the rates do: it is the figure to
+compare when the cores are busy with other work.
+
 Failover (``--kills K``, default 5; 0 skips it): a witness and two brokers with the default
 ``[ha]`` timings (``failover = "witness"``, lease 1 s, failure timeout 0.6 s), a durable
 session, and 4 trio tasks publishing confirmed through one client given both servers
@@ -29,6 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import resource
 import signal
 import socket
 import statistics
@@ -101,20 +109,49 @@ async def _stats(port: int) -> dict[str, Any]:
         return stats
 
 
-def _measure(port: int, tasks: int, seconds: float) -> int:
-    """Run the publisher in its own process; the PUBACKs it counted."""
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state is field 3
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime: fields 14 and 15
+
+
+def _measure(
+    port: int, tasks: int, seconds: float, watched: dict[str, subprocess.Popen]
+) -> tuple[int, dict[str, float]]:
+    """Run the publisher in its own process; the PUBACKs it counted, and the CPU seconds
+    each ``watched`` process (and the publisher) spent meanwhile."""
+    before = {name: _cpu_seconds(proc.pid) for name, proc in watched.items()}
     out = subprocess.run(
         [sys.executable, __file__, "--publisher", str(port), "--tasks", str(tasks),
          "--seconds", str(seconds)],
         capture_output=True, text=True, check=True, cwd=ROOT, timeout=seconds + 60,
     )  # fmt: skip
-    return int(json.loads(out.stdout)["confirmed"])
+    cpu = {name: _cpu_seconds(proc.pid) - before[name] for name, proc in watched.items()}
+    report = json.loads(out.stdout)
+    cpu["publisher"] = float(report["cpu_seconds"])
+    return int(report["confirmed"]), cpu
 
 
-async def _publisher(port: int, tasks: int, seconds: float) -> int:
+def _cpu_per_message(cpu: dict[str, float], confirmed: int) -> dict[str, float]:
+    """Microseconds of CPU per confirmed message, per process."""
+    return {name: seconds * 1e6 / max(confirmed, 1) for name, seconds in cpu.items()}
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _publisher(port: int, tasks: int, seconds: float) -> tuple[int, float]:
+    """The PUBACKs counted, and the CPU seconds spent under the load (start-up excluded)."""
     confirmed = 0
     payload = b"x" * 500
     async with connect(("127.0.0.1", port)) as client:
+        started = _own_cpu_seconds()
         deadline = trio.current_time() + seconds
 
         async def one() -> None:
@@ -126,7 +163,7 @@ async def _publisher(port: int, tasks: int, seconds: float) -> int:
         async with trio.open_nursery() as nursery:
             for _ in range(tasks):
                 nursery.start_soon(one)
-    return confirmed
+        return confirmed, _own_cpu_seconds() - started
 
 
 def _wait_logged(log: Path, text: str, seconds: float = 30) -> None:
@@ -144,7 +181,10 @@ def run(tasks: int, seconds: float, work: Path) -> dict[str, Any]:
     single = _start(["--port", str(port), "--data-dir", str(work / "single")], work / "s.log", port)
     try:
         trio.run(_prepare, port)
-        results["single_per_second"] = _measure(port, tasks, seconds) / seconds
+        confirmed, cpu = _measure(port, tasks, seconds, {"broker": single})
+        results["single_per_second"] = confirmed / seconds
+        results["single_cpu_us"] = _cpu_per_message(cpu, confirmed)
+        results["single_mean_batch"] = trio.run(_stats, port)["store"]["mean_batch"]
     finally:
         _stop(single)
     ports = {"a": _free_port(), "b": _free_port()}
@@ -164,8 +204,14 @@ def run(tasks: int, seconds: float, work: Path) -> dict[str, Any]:
             procs.append(_start(["--config", str(config)], work / f"{name}.log", ports[name]))
         _wait_logged(work / "a.log", "standby in sync")
         trio.run(_prepare, ports["a"])
-        results["pair_per_second"] = _measure(ports["a"], tasks, seconds) / seconds
-        ha = trio.run(_stats, ports["a"]).get("ha", {})
+        confirmed, cpu = _measure(
+            ports["a"], tasks, seconds, {"primary": procs[0], "standby": procs[1]}
+        )
+        results["pair_per_second"] = confirmed / seconds
+        results["pair_cpu_us"] = _cpu_per_message(cpu, confirmed)
+        stats = trio.run(_stats, ports["a"])
+        results["pair_mean_batch"] = stats["store"]["mean_batch"]
+        ha = stats.get("ha", {})
         results["pair_confirms_alone"] = ha.get("confirms_alone")
         results["pair_confirms_waited"] = ha.get("confirms_waited")
     finally:
@@ -345,8 +391,8 @@ def main() -> None:
     parser.add_argument("--publisher", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.publisher is not None:
-        count = trio.run(_publisher, args.publisher, args.tasks, args.seconds)
-        print(json.dumps({"confirmed": count}))
+        count, cpu = trio.run(_publisher, args.publisher, args.tasks, args.seconds)
+        print(json.dumps({"confirmed": count, "cpu_seconds": cpu}))
         return
     seconds = 1.0 if args.quick else args.seconds
     configure_logging(level=logging.WARNING)  # the failing-over client's retries: not the table
@@ -354,9 +400,15 @@ def main() -> None:
         results = run(args.tasks, seconds, Path(work))
         if args.kills > 0:
             results.update(run_failover(args.kills, Path(work)))
-    print(f"{'setup':<28} {'confirmed/s':>12}")
-    print(f"{'single broker':<28} {results['single_per_second']:>12.0f}")
-    print(f"{'pair, sync = true':<28} {results['pair_per_second']:>12.0f}")
+    single, pair = results["single_cpu_us"], results["pair_cpu_us"]
+    print(f"{'setup':<28} {'confirmed/s':>12}   CPU us per confirmed message")
+    print(f"{'single broker':<28} {results['single_per_second']:>12.0f}   "
+          f"broker {single['broker']:.1f}, publisher {single['publisher']:.1f}")  # fmt: skip
+    print(f"{'pair, sync = true':<28} {results['pair_per_second']:>12.0f}   "
+          f"primary {pair['primary']:.1f}, standby {pair['standby']:.1f}, "
+          f"publisher {pair['publisher']:.1f}")  # fmt: skip
+    print(f"messages per commit: single {results['single_mean_batch']}, "
+          f"pair's primary {results['pair_mean_batch']}")  # fmt: skip
     print(f"ratio {results['ratio']:.2f} (goal >= 0.75); batches confirmed alone in the pair: "
           f"{results['pair_confirms_alone']}")  # fmt: skip
     if args.kills > 0:

@@ -10,6 +10,7 @@ import sqlite3
 from functools import partial
 from pathlib import Path
 
+import msgpack
 import pytest
 import trio
 import trio.testing
@@ -193,6 +194,26 @@ async def test_a_standby_without_the_secret_is_refused(tmp_path: Path) -> None:
                 await trio.sleep(0.01)
         assert follower.position.seq == 0
         assert not p.shipper.in_sync
+
+
+async def test_a_standby_of_another_link_version_is_refused_before_any_record(
+    tmp_path: Path,
+) -> None:
+    """Version 1 had another append layout and chain: its HELLO gets ERROR, never records."""
+    async with pair(tmp_path) as p:
+        await p.store.create_session("c", None)
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", p.port)
+            body = msgpack.packb(["HELLO", 1, bytes(16)], use_bin_type=True)
+            await stream.send_all(len(body).to_bytes(4, "big") + body)
+            data = b""
+            while chunk := await stream.receive_some(4096):  # the primary closes after ERROR
+                data += chunk
+            await stream.aclose()
+        answer = msgpack.unpackb(data[4:], raw=False)
+        assert answer[0] == "ERROR" and "unsupported replication version 1" in answer[1]
+        assert p.shipper.counters.standby_connections == 0
+        assert p.shipper.counters.records_sent == 0
 
 
 async def test_the_primary_reports_its_lag_and_the_standby_in_its_statistics(

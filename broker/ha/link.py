@@ -45,7 +45,9 @@ __all__ = [
     "single_link_error",
 ]
 
-VERSION = 1
+#: 2: records carry an append's arguments in Append's order, the chain is SHA-256 (a
+#: broker of version 1 is refused at the handshake, never fed records it would misread).
+VERSION = 2
 #: The largest frame: a batch of the store (at most 5,000 appends) or a snapshot chunk.
 MAX_LINK_FRAME = 64 << 20
 _LABEL = b"topiary-replication-1"
@@ -93,15 +95,17 @@ class LinkStream:
         self._send_lock = trio.StrictFIFOLock()
         self.bytes_sent = 0
 
-    def _mac(self, direction: bytes, counter: int, body: bytes) -> bytes:
-        return hmac.digest(self._key, direction + counter.to_bytes(8, "big") + body, hashlib.sha256)
+    def _mac(self, direction: bytes, counter: int, body: bytes | memoryview) -> bytes:
+        mac = hmac.new(self._key, direction + counter.to_bytes(8, "big"), hashlib.sha256)
+        mac.update(body)  # (a record's body is not copied to be MAC'd)
+        return mac.digest()
 
     async def send(self, message: list[Any]) -> None:
         body = msgpack.packb(message, use_bin_type=True)
         async with self._send_lock:
-            frame = self._mac(self._me, self._sent, body) + body
+            mac = self._mac(self._me, self._sent, body)
             self._sent += 1
-            data = len(frame).to_bytes(4, "big") + frame
+            data = b"".join(((len(body) + _MAC).to_bytes(4, "big"), mac, body))
             self.bytes_sent += len(data)
             try:
                 await self.stream.send_all(data)
@@ -111,8 +115,8 @@ class LinkStream:
     async def receive(self) -> list[Any]:
         return self._open(await _receive_body(self.stream, self._buffer))
 
-    def _open(self, body: bytes) -> list[Any]:
-        mac, body = body[:_MAC], body[_MAC:]
+    def _open(self, frame: bytes) -> list[Any]:
+        mac, body = frame[:_MAC], memoryview(frame)[_MAC:]  # (the body is not copied)
         if not hmac.compare_digest(mac, self._mac(self._other, self._received, body)):
             raise LinkAuthError("bad MAC: not signed with the pair's secret (or out of order)")
         self._received += 1
@@ -151,7 +155,7 @@ async def _receive_body(stream: trio.abc.Stream, buffer: FrameBuffer) -> bytes:
             raise _lost(exc) from None
 
 
-def _unpack(body: bytes) -> list[Any]:
+def _unpack(body: bytes | memoryview) -> list[Any]:
     try:
         message = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several types for bad data

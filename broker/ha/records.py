@@ -11,8 +11,12 @@ a batch the time the batch started, and the record carries that time, so both st
 the same values.
 
 A record is ``msgpack([term, seq, time, ops])``; ``seq`` counts committed batches from 1.
-The **chain** digest after record n is ``BLAKE2b-128(digest(n-1) + record n)``: two stores
-at the same seq with the same digest went through the same records. Each store keeps its
+An append (nearly every operation) is ``["append", [the 9 arguments of Append, in its
+constructor's order]]``, read straight off the object and rebuilt positionally: the record
+path costs the primary and the standby a few attribute reads per message, not a dict.
+The **chain** digest after record n is ``SHA-256(digest(n-1) + record n)`` cut to 16 bytes
+(SHA-256 has CPU instructions where BLAKE2b has none: twice as fast here): two stores at
+the same seq with the same digest went through the same records. Each store keeps its
 position (term, seq, digest) in its ``meta`` table, written by the last work of every
 batch, in the batch's transaction, so the position never disagrees with the data.
 """
@@ -24,6 +28,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 import msgpack
@@ -37,6 +42,7 @@ __all__ = [
     "chain",
     "decode_record",
     "describe",
+    "describe_all",
     "encode_record",
     "read_position",
     "rebuild",
@@ -63,7 +69,19 @@ _OPERATIONS = frozenset(
         "sweep",
     }
 )
-_APPEND_FIELDS = Append.__slots__
+#: An Append's arguments in its constructor's order (``Append(*fields)`` rebuilds it).
+_APPEND_FIELDS = (
+    "msg_id",
+    "topic",
+    "payload",
+    "headers",
+    "deliveries",
+    "publisher_msg_id",
+    "retain",
+    "from_retained",
+    "extra",
+)
+_append_fields = attrgetter(*_APPEND_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +109,7 @@ class BatchClock:
 def describe(work: Work) -> list[Any]:
     """(name, arguments) of a store work; ValueError for a work we cannot ship."""
     if work.__class__ is Append:
-        return ["append", [getattr(work, name) for name in _APPEND_FIELDS]]
+        return ["append", _append_fields(work)]
     if isinstance(work, partial) and not work.args:
         name = getattr(work.func, "__name__", "")
         if name in _OPERATIONS and getattr(SqliteBackend, name) is work.func:
@@ -102,17 +120,24 @@ def describe(work: Work) -> list[Any]:
     raise ValueError(f"cannot replicate store work {work!r}")
 
 
+def describe_all(works: list[Work]) -> list[Any]:
+    """``describe`` of each work (appends, nearly all of them, without a call each)."""
+    return [
+        ["append", _append_fields(work)] if work.__class__ is Append else describe(work)
+        for work in works
+    ]
+
+
 def rebuild(op: Any) -> Work:
-    """The work that ``describe`` described; ValueError for anything else."""
-    if not isinstance(op, list) or len(op) != 2 or not isinstance(op[0], str):
+    """The work that ``describe`` described, from a decoded record (its arrays are tuples:
+    ``decode_record``); ValueError for anything else."""
+    if op.__class__ is not tuple or len(op) != 2 or op[0].__class__ is not str:
         raise ValueError(f"not an operation: {op!r:.80}")
     name, args = op
     if name == "append":
-        if not isinstance(args, list) or len(args) != len(_APPEND_FIELDS):
+        if args.__class__ is not tuple or len(args) != len(_APPEND_FIELDS):
             raise ValueError("append needs its 9 fields")
-        fields = dict(zip(_APPEND_FIELDS, args, strict=True))
-        fields["deliveries"] = tuple((c, s) for c, s in fields["deliveries"])
-        return Append(**fields)
+        return Append(*args)
     if name not in _OPERATIONS or not isinstance(args, dict):
         raise ValueError(f"unknown operation {name!r:.80}")
     if name == "set_filters":
@@ -125,19 +150,23 @@ def encode_record(term: int, seq: int, at: float, ops: list[Any]) -> bytes:
     return body
 
 
-def decode_record(body: bytes) -> tuple[int, int, float, list[Any]]:
-    """(term, seq, time, ops) of a record; ValueError when it is not one."""
+def decode_record(body: bytes) -> tuple[int, int, float, tuple[Any, ...]]:
+    """(term, seq, time, ops) of a record, its arrays as tuples (what ``Append`` and the
+    backend take as they are); ValueError when it is not one."""
     try:
-        term, seq, at, ops = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        term, seq, at, ops = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=False)
     except Exception as exc:  # msgpack raises several types for bad data
         raise ValueError(f"not a replication record ({type(exc).__name__})") from None
-    if not (isinstance(term, int) and isinstance(seq, int) and isinstance(ops, list)):
+    if not (isinstance(term, int) and isinstance(seq, int) and isinstance(ops, tuple)):
         raise ValueError("a replication record is [term, seq, time, ops]")
     return term, seq, float(at), ops
 
 
 def chain(digest: bytes, record: bytes) -> bytes:
-    return hashlib.blake2b(digest + record, digest_size=16).digest()
+    """The digest after ``record``: SHA-256 of the previous digest and the record, 16 bytes."""
+    hasher = hashlib.sha256(digest)
+    hasher.update(record)
+    return hasher.digest()[:16]
 
 
 _KEYS = ("ha_term", "ha_seq", "ha_digest")

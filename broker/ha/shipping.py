@@ -56,7 +56,7 @@ from broker.ha.records import (
     BatchClock,
     Position,
     chain,
-    describe,
+    describe_all,
     encode_record,
     read_position,
     write_position,
@@ -239,7 +239,7 @@ class Shipper:
             raise StoreError(f"not stored: {self.fenced}")
         self.clock.now = time.time()
         seq = self.position.seq + 1
-        body = encode_record(self.term, seq, self.clock.now, [describe(w) for w in works])
+        body = encode_record(self.term, seq, self.clock.now, describe_all(works))
         position = Position(self.term, seq, chain(self.position.digest, body))
         works.append(partial(write_position, position))
         return _Prepared(position, body)
