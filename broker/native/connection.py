@@ -242,6 +242,7 @@ class ClientConnection:
             self._session_failed(session.failure)
         if self._fd is not None and not session.durable:
             session.direct = self._direct
+        self.proto.plain_pubs = True  # (Requests routes plain PUBs from their map)
         async with trio.open_nursery() as nursery:
             self._writer_running = True
             nursery.start_soon(self._writer, session, name=WRITER_TASK)
