@@ -47,7 +47,7 @@ from broker.native.requests import Requests
 from broker.net import RECEIVE_SIZE, linger
 from broker.security import ANONYMOUS
 from broker.store import StoreError
-from broker.wire.codec import append_msg, encode_msg
+from broker.wire.codec import append_msg, append_msg_run, encode_msg
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
 from broker.wire.frames import Error, PeerHello, Ping
 from broker.wire.states import CLOSED, CLOSING
@@ -387,7 +387,9 @@ class ClientConnection:
                         return
                     await session.wait_data()
                     continue
-                data, messages = session.take_batch(append_msg, BATCH_BYTES, _append_discarded)
+                data, messages = session.take_batch(
+                    append_msg, BATCH_BYTES, _append_discarded, append_run=append_msg_run
+                )
                 await self._send(data, messages)
                 counters.bytes_sent += len(data)
                 data = b""  # not kept alive while the writer waits
@@ -411,7 +413,9 @@ class ClientConnection:
             return False
         session = self.session
         assert session is not None
-        data, messages = session.take_batch(append_msg, BATCH_BYTES, _append_discarded)
+        data, messages = session.take_batch(
+            append_msg, BATCH_BYTES, _append_discarded, append_run=append_msg_run
+        )
         try:
             sent = os.write(self._fd, data)  # type: ignore[arg-type]
         except BlockingIOError:
