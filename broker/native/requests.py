@@ -1,9 +1,12 @@
 """A native client's requests after WELCOME: each frame becomes core calls and a reply.
 
 ``Requests.handle`` takes the frames of one read and looks each one's handler up in a
-table keyed by frame class (``_HANDLERS``): a PUB, the hot path, costs one dict lookup
-and one call. Two things make it more than a table:
+table keyed by frame class (``_HANDLERS``). Three things make it more than a table:
 
+- PUBs, the hot path, are handled a run at a time (``_publish_run``): a plain PUB (no
+  PUBACK asked, no headers, not retained) comes as its checked wire map
+  (``Connection.plain_pubs``) and, when nothing about the client needs checking, is
+  routed with one core call and nothing else.
 - A run of pipelined SUBs or UNSUBs on a plain session is one core call and one write of
   replies, not one per frame (a client may send thousands at once).
 - Work that must wait for the store (a filter or ack to write, a PUB whose durable
@@ -182,13 +185,15 @@ class Requests:
         and no topic ACLs, a plain PUB within the payload limit needs none of ``_pub``'s
         refusals: it is routed here straight from its map, with what ``_pub`` looks up per
         PUB looked up once per run. Any other goes through ``_pub``. The run stops after a
-        PUB that left work to await (``_later``), so that ``handle`` awaits it first.
+        PUB that left work to await (``_later``), so that ``handle`` awaits it first, and
+        after the first PUB of a session not ``ready`` yet (``handle`` makes it ready).
         """
         broker = self.broker
         publish = broker.publish
         max_payload = broker.config.max_payload
         checked = self._publish_bucket is not None or self.session.acl is not None
         later = self._later
+        ready = self.session.ready
         i = start
         while True:
             event = events[i]
@@ -206,7 +211,7 @@ class Requests:
                 if work is not None and (later or broker.persist_nowait(work) is None):
                     later.append((self._persist, (work, None)))
             cls = events[i].__class__  # (the list ends with None)
-            if later or (cls is not dict and cls is not Pub):
+            if later or (cls is not dict and cls is not Pub) or not ready:
                 return i
 
     def _subscribe_run(self, events: list[Any], start: int) -> int:

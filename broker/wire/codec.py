@@ -642,7 +642,7 @@ def append_msg_run(
     last encoded, bytes appended, payload bytes).
 
     A read of PUBs fans out to thousands of deliveries; one call per delivery (and the
-    looks-ups each call repeats) cost more than encoding its head does.
+    look-ups each call repeats) cost more than encoding its head does.
     """
     heads = _MSG_HEADS
     sub_width = _SUB_WIDTH
