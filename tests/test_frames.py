@@ -23,6 +23,7 @@ from broker.wire.codec import (
     fast_suback,
     fast_unsub,
     fast_unsuback,
+    plain_pub,
 )
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Event, Role, State
 from tests.helpers import (
@@ -585,3 +586,42 @@ def test_the_fast_paths_of_id_only_frames_agree_with_the_full_decoder(
     except RemoteProtocolError as exc:
         got = (exc.code, str(exc))
     assert got == expected
+
+
+@settings(max_examples=300)
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(["topic", "payload", "msg_id", "id", "headers", "retain", "extra"]),
+        st.one_of(
+            st.sampled_from(["a/b", "a//b", "/a", "a/*", "a/>", "", "é/x", "x" * 300]),
+            st.text(max_size=4),
+            st.binary(max_size=4),
+            st.integers(-1, 2**65),
+            st.none(),
+            st.booleans(),
+            st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=1),
+        ),
+    )
+)
+def test_a_plain_pub_map_stands_for_the_pub_the_full_decoder_builds(
+    fields: dict[str, Any],
+) -> None:
+    """``plain_pub`` returns the map only for a PUB that decodes without error to a frame
+    with no id, headers or retain flag, with the map's topic, payload and msg_id; anything
+    else gets exactly what the full decoder gives."""
+    pub = {**fields, "type": "PUB"}
+    try:
+        expected: Any = build_frame(frames.Pub, pub)
+    except RemoteProtocolError as exc:
+        expected = (exc.code, str(exc), exc.ref)
+    try:
+        got: Any = plain_pub(pub)
+    except RemoteProtocolError as exc:
+        got = (exc.code, str(exc), exc.ref)
+    if got is pub:
+        assert isinstance(expected, frames.Pub)
+        assert expected == frames.Pub(
+            topic=pub["topic"], payload=pub["payload"], msg_id=pub.get("msg_id")
+        )
+    else:
+        assert got == expected

@@ -254,6 +254,22 @@ def test_invalid_topic_in_pub_is_refused_with_ref_and_the_connection_goes_on(
     assert server.buffered == (len(TRAILING) if chunking == "trailing" else 0)
 
 
+def test_with_plain_pubs_a_plain_pub_comes_as_its_map_and_any_other_as_a_frame() -> None:
+    server = open_server()
+    server.plain_pubs = True
+    plain = {"type": "PUB", "topic": "a/b", "payload": b"x"}
+    with_id = frames.Pub(topic="a/b", payload=b"y", id=7)
+    bad = {"type": "PUB", "topic": "a/*", "payload": b"z"}
+    server.receive_data(wire(plain) + framed(with_id) + wire(bad) + wire(plain))
+    events = server.next_events()
+    assert events[0] == plain and events[0].__class__ is dict
+    assert events[1] == with_id
+    assert isinstance(events[2], RemoteProtocolError)
+    assert events[2].code == ErrorCode.INVALID_TOPIC
+    assert events[3:] == [plain, NEED_DATA]
+    assert server.state is State.OPEN
+
+
 @pytest.mark.parametrize("chunking", CHUNKING_NAMES)
 def test_invalid_filter_in_sub_is_refused_with_ref_and_the_connection_goes_on(
     chunking: str,

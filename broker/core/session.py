@@ -56,6 +56,15 @@ AppendMessage = Callable[[list[bytes | memoryview], Message, int, int], int]
 #: The same with the count of messages dropped just before it (only called when > 0):
 #: (parts, message, sub id, seq, discarded) -> size.
 AppendDiscarded = Callable[[list[bytes | memoryview], Message, int, int, int], int]
+#: How a front end encodes a run of queued deliveries in one call: (parts, outbox, start,
+#: end, byte budget) -> (index after the last encoded, size, payload bytes). It encodes
+#: (message, sub id, seq) entries from ``start`` on and stops at any other entry, at a
+#: sampled message (``routed_at``), or once ``budget`` bytes are appended; what it leaves is
+#: the caller's.
+AppendRun = Callable[
+    [list[bytes | memoryview], list["bytes | tuple[Message, int, int]"], int, int, int],
+    tuple[int, int, int],
+]
 
 DROP_LOG_INTERVAL = 10.0  # seconds: a session's drops are logged at most this often
 
@@ -594,13 +603,15 @@ class Session:
         max_bytes: int = 256 * 1024,
         append_discarded: AppendDiscarded | None = None,
         max_messages: int = 1 << 62,
+        append_run: AppendRun | None = None,
     ) -> tuple[bytes, int]:
         """Encode queued frames into one write of about ``max_bytes``: every reply of the
         priority lane, then messages (with the front end's ``append_msg``, or, for a message
         after drops, ``append_discarded`` when given), at most ``max_messages`` of them (a
         front end's in-flight window); (bytes, MSG count). Sampled messages
         leave their routing time in ``sampled`` for the caller to observe once the bytes are
-        sent."""
+        sent. A transient session with no drops to tell has its runs of plain messages
+        encoded by ``append_run`` when given (the same bytes, one call per run)."""
         parts: list[bytes | memoryview] = []
         size = 0
         messages = 0
@@ -615,6 +626,8 @@ class Session:
         outbox = self._outbox
         durable = self.durable
         end = len(outbox)
+        if durable:
+            append_run = None  # (its entries are checked against sent_upto one by one)
         i = 0  # entries taken from the front of the outbox (deleted at once, below)
         while i < end and size < max_bytes and messages < max_messages:
             entry = outbox[i]
@@ -624,6 +637,15 @@ class Session:
                 control_bytes += len(entry)  # type: ignore[arg-type]
                 size += len(entry)  # type: ignore[arg-type]
                 continue
+            if append_run is not None and self._discards is None:
+                stop = end if end - i <= max_messages - messages else i + max_messages - messages
+                after, added, payload = append_run(parts, outbox, i, stop, max_bytes - size)
+                if after > i:
+                    messages += after - i
+                    payload_bytes += payload
+                    size += added
+                    i = after
+                    continue
             message, sub_id, seq = entry  # type: ignore[misc]
             if durable:
                 if seq > self.sent_upto + 1 or not self.ready:

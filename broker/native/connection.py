@@ -47,7 +47,7 @@ from broker.native.requests import Requests
 from broker.net import RECEIVE_SIZE, linger
 from broker.security import ANONYMOUS
 from broker.store import StoreError
-from broker.wire.codec import append_msg, encode_msg
+from broker.wire.codec import append_msg, append_msg_run, encode_msg
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role
 from broker.wire.frames import Error, PeerHello, Ping
 from broker.wire.states import CLOSED, CLOSING
@@ -242,6 +242,7 @@ class ClientConnection:
             self._session_failed(session.failure)
         if self._fd is not None and not session.durable:
             session.direct = self._direct
+        self.proto.plain_pubs = True  # (Requests routes plain PUBs from their map)
         async with trio.open_nursery() as nursery:
             self._writer_running = True
             nursery.start_soon(self._writer, session, name=WRITER_TASK)
@@ -310,14 +311,28 @@ class ClientConnection:
         turn_time = config.turn_time
         clock = trio.current_time
         turn_began = clock()
-        while True:
-            # The writers the frames wake are woken (or written for) at the end, together.
-            hold_wakes()
-            try:
+        # The writers a turn's frames wake are woken (or written for: ``Session.direct``)
+        # together when the turn ends, before this task awaits (a read, or the turn is up)
+        # or returns: one write per subscriber per turn, not per ``turn_frames`` frames.
+        # (``handle`` flushes them itself before it awaits store work.)
+        hold_wakes()
+        try:
+            while True:
                 stop = await handle(proto.next_events(turn_frames))  # the frames of the last read
-            finally:
+                if stop is None:
+                    # next_events stopped at turn_frames, or before a frame that changes the
+                    # state: go on, unless the turn is up
+                    if clock() - turn_began < turn_time:
+                        continue
+                    flush_wakes()
+                    self.broker.counters.turns_yielded += 1
+                    await trio.lowlevel.checkpoint()
+                    turn_began = clock()
+                    hold_wakes()
+                    continue
                 flush_wakes()
-            if stop is NEED_DATA:
+                if stop is not NEED_DATA:
+                    return None if isinstance(stop, ConnectionClosed) else stop
                 await session.wait_control_drained()
                 fd = self._fd
                 if fd is None:
@@ -339,16 +354,9 @@ class ClientConnection:
                         await trio.lowlevel.checkpoint()
                 self.last_heard = turn_began = clock()  # (a read yields: a new turn)
                 proto.receive_data(data)
-            elif isinstance(stop, ConnectionClosed):
-                return None
-            elif stop is not None:
-                return stop
-            elif clock() - turn_began >= turn_time:
-                # the turn is up (else next_events stopped at turn_frames, or before a frame
-                # that changes the state: go on)
-                self.broker.counters.turns_yielded += 1
-                await trio.lowlevel.checkpoint()
-                turn_began = clock()
+                hold_wakes()
+        finally:
+            flush_wakes()
 
     async def _receive_stream(self) -> bytes:
         """Read what a stream that is not a plain socket has (b"" at EOF or when broken)."""
@@ -386,7 +394,9 @@ class ClientConnection:
                         return
                     await session.wait_data()
                     continue
-                data, messages = session.take_batch(append_msg, BATCH_BYTES, _append_discarded)
+                data, messages = session.take_batch(
+                    append_msg, BATCH_BYTES, _append_discarded, append_run=append_msg_run
+                )
                 await self._send(data, messages)
                 counters.bytes_sent += len(data)
                 data = b""  # not kept alive while the writer waits
@@ -410,7 +420,9 @@ class ClientConnection:
             return False
         session = self.session
         assert session is not None
-        data, messages = session.take_batch(append_msg, BATCH_BYTES, _append_discarded)
+        data, messages = session.take_batch(
+            append_msg, BATCH_BYTES, _append_discarded, append_run=append_msg_run
+        )
         try:
             sent = os.write(self._fd, data)  # type: ignore[arg-type]
         except BlockingIOError:

@@ -242,6 +242,43 @@ def fast_pub(wire: dict[str, Any]) -> Pub:
     return build_frame(Pub, wire)  # type: ignore[return-value]
 
 
+#: A plain PUB as ``plain_pub`` passes it on: its checked wire map, read with ``["topic"]``,
+#: ``["payload"]`` and ``.get("msg_id")`` (a PUB with no id, headers or retain flag).
+PlainPub = dict[str, Any]
+
+
+def plain_pub(wire: dict[str, Any]) -> PlainPub | Pub:
+    """``fast_pub`` for a server that routes plain PUBs from their map (the broker's native
+    front end, through ``Connection.plain_pubs``): a PUB holding only its type, a valid topic
+    (str), a payload (bytes) and perhaps a valid ``msg_id`` is returned as it came, with no
+    frame built for it; any other goes through ``fast_pub``, with its checks and errors.
+
+    A publisher sends hundreds of PUBs per read and most are plain: their frames (a new
+    object and six slots, set one call each) would cost about as much as unpacking did.
+    """
+    topic = wire.get("topic")
+    size = len(wire)
+    if (
+        topic.__class__ is str
+        and wire.get("payload").__class__ is bytes
+        and (
+            size == 3  # type, topic, payload: no id, msg_id, headers, retain or unknown key
+            or (
+                size == 4
+                and (msg_id := wire.get("msg_id")).__class__ is str
+                and msg_id.isascii()
+                and len(msg_id) <= MAX_MSG_ID_BYTES
+            )
+        )
+    ):
+        try:
+            _validate_topic(topic)
+        except routing.TopicError:
+            return fast_pub(wire)  # (raises its precise error)
+        return wire
+    return fast_pub(wire)
+
+
 def fast_sub(wire: dict[str, Any]) -> Sub:
     """The Sub in an unpacked SUB map, for the broker's subscribe path (as ``fast_pub``).
 
@@ -593,6 +630,48 @@ def append_msg(
     parts.append(message.payload)
     parts.append(tail)
     return size + 4
+
+
+def append_msg_run(
+    parts: list[bytes | memoryview], entries: list[Any], start: int, end: int, budget: int
+) -> tuple[int, int, int]:
+    """``append_msg`` for the queued deliveries ``entries[start:end]`` in one loop, for a
+    session's writer (``Session.take_batch``'s ``append_run``): each entry a tuple
+    (message, sub id, seq), as long as it is one and its message is not sampled
+    (``routed_at``), and until ``budget`` bytes are appended; returns (the index after the
+    last encoded, bytes appended, payload bytes).
+
+    A read of PUBs fans out to thousands of deliveries; one call per delivery (and the
+    look-ups each call repeats) cost more than encoding its head does.
+    """
+    heads = _MSG_HEADS
+    sub_width = _SUB_WIDTH
+    seq_width = _SEQ_WIDTH
+    size = payload_bytes = 0
+    i = start
+    while i < end and size < budget:
+        entry = entries[i]
+        if entry.__class__ is not tuple:
+            break
+        message, sub, seq = entry
+        if message.routed_at:
+            break
+        shared = message.encoded
+        if shared is None:
+            shared, fields = shared_fields(message)
+        else:
+            fields = message.encoded_fields
+        pack, extra, sub_key, seq_key = heads[
+            sub_width[sub.bit_length()] + seq_width[seq.bit_length()]
+        ]
+        body = extra + len(shared) + message.size
+        if body > MAX_LENGTH:
+            raise frame_too_large("MSG", body, MAX_LENGTH)
+        parts += (pack(body, 0x82 + fields, sub_key, sub, seq_key, seq), shared, message.payload)
+        size += body + 4
+        payload_bytes += message.size
+        i += 1
+    return i, size, payload_bytes
 
 
 def encode_fwd(

@@ -42,6 +42,7 @@ from broker.core.message import Message
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.wire.buffer import DEFAULT_MAX_FRAME, LENGTH_PREFIX, FrameBuffer
 from broker.wire.codec import (
+    PlainPub,
     append_msg,
     build_frame,
     decode_frame,
@@ -60,6 +61,7 @@ from broker.wire.codec import (
     fast_unsub,
     fast_unsuback,
     frame_too_large,
+    plain_pub,
     unpack_body,
 )
 from broker.wire.frames import (
@@ -114,6 +116,11 @@ _SERVER_FAST: Final[dict[str, Callable[[dict[str, Any]], Frame]]] = {
     Pub.TYPE: fast_pub,
     Sub.TYPE: fast_sub,
     Unsub.TYPE: fast_unsub,
+}
+#: The same for a server whose plain PUBs are routed from their map (``plain_pubs``).
+_SERVER_PLAIN: Final[dict[str, Callable[[dict[str, Any]], Frame | PlainPub]]] = {
+    **_SERVER_FAST,
+    Pub.TYPE: plain_pub,
 }
 _unpackb: Final = msgpack.unpackb
 #: Per role: the one state in which each hot-path frame may be sent (None: never), so that
@@ -170,6 +177,10 @@ class Connection:
         # Whole bodies next_events cut but did not decode yet: the first would change the
         # state, and the frames returned before it must be handled in the state they came in.
         self._held: list[bytes] = []
+        # A server's ``next_events`` returns each plain PUB (no id, headers or retain flag) as
+        # its checked wire map (``codec.plain_pub``), not as a Pub frame: set by the broker's
+        # native front end, which routes them from the map.
+        self.plain_pubs = False
 
     def __repr__(self) -> str:
         return f"<Connection {self.role.value} {self.state.value}>"
@@ -231,7 +242,7 @@ class Connection:
                 continue
             return self._receive(body)
 
-    def next_events(self, max_frames: int = 0) -> list[Event | RemoteProtocolError]:
+    def next_events(self, max_frames: int = 0) -> list[Event | PlainPub | RemoteProtocolError]:
         """The events ``next_event`` would return now, in order, with each error it would
         raise put in the list in its place instead (after a refused request the following
         frames come next). The list ends with NEED_DATA or ``ConnectionClosed()``, or with an
@@ -243,12 +254,15 @@ class Connection:
 
         One call per read instead of one per frame: a client may pipeline thousands of SUBs
         in one read. LocalProtocolError (our own misuse) is raised as by ``next_event``.
+        With ``plain_pubs``, a plain PUB is its checked wire map (``codec.plain_pub``).
         """
-        events: list[Event | RemoteProtocolError] = []
+        events: list[Event | PlainPub | RemoteProtocolError] = []
         append = events.append
         buffer = self._buffer
         receive = self._receive
-        fast = _SERVER_FAST if self.role is _SERVER else None
+        fast = None
+        if self.role is _SERVER:
+            fast = _SERVER_PLAIN if self.plain_pubs else _SERVER_FAST
         while True:
             if self.state is OPEN:  # the common state: next_event's loop, inlined
                 try:
