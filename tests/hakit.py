@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.client import BrokerError, ConnectionLost, connect
+from broker.client import BrokerError, Client, ConnectionLost, connect
 from tests.faultproxy import FaultProxy
 from tests.test_cli import TOPIARY, free_port, run, wait_listening
 
@@ -321,6 +321,18 @@ async def hold_session(servers: list[str], session: str) -> None:
     async with connect(servers, client_id=session, durable=True) as c:
         async with c.subscribe("ha/>"):
             await c.ping()
+
+
+async def publish_for(client: Client, seconds: float) -> int:
+    """Confirmed publishes ``m0``, ``m1``, ... to ``ha/t``, one per 50 ms, for ``seconds``
+    (that passage of time, leases going by, is what the callers test); how many."""
+    deadline = trio.current_time() + seconds
+    count = 0
+    while trio.current_time() < deadline:
+        await client.publish("ha/t", f"m{count}", confirm=True)
+        count += 1
+        await trio.sleep(0.05)
+    return count
 
 
 async def publish_until(

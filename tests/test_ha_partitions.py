@@ -25,6 +25,7 @@ from tests.hakit import (
     ha_status,
     hold_session,
     missing_from_session,
+    publish_for,
     publish_until,
     until,
 )
@@ -54,13 +55,7 @@ def test_the_primary_cut_from_the_witness_only_goes_on_writing_while_the_standby
         async with connect(cluster.a.address) as c:
             # Three leases without the witness (that passage of time is what is tested):
             # the standby's acknowledgements keep the primary writing.
-            deadline = trio.current_time() + 3.0
-            count = 0
-            while trio.current_time() < deadline:
-                await c.publish("ha/t", f"m{count}", confirm=True)
-                count += 1
-                await trio.sleep(0.05)
-            assert count > 10
+            assert await publish_for(c, 3.0) > 10
         a, b = await _status(cluster)
         assert a["role"] == "primary" and a["fenced"] is False and a["in_sync"] == 1
         assert a["seconds_since_witness"] > 2.0  # it really was cut off
@@ -122,13 +117,7 @@ def test_the_standby_cut_from_the_witness_only_changes_nothing_while_the_primary
             alone = (await c.stats())["ha"]["confirms_alone"]
             # Three leases with the standby cut from the witness (that passage of time is
             # what is tested): the standby hears the primary, so it never asks for a vote.
-            deadline = trio.current_time() + 3.0
-            count = 0
-            while trio.current_time() < deadline:
-                await c.publish("ha/t", f"m{count}", confirm=True)
-                count += 1
-                await trio.sleep(0.05)
-            assert count > 10
+            assert await publish_for(c, 3.0) > 10
             # every one of them waited for the standby's acknowledgement
             assert (await c.stats())["ha"]["confirms_alone"] == alone
         a, b = await _status(cluster)
