@@ -1,7 +1,8 @@
 """Confirmed-publish throughput of a hot-spare pair (``[ha] sync = true``) vs a single broker,
 and the failover time of a pair with a witness over repeated kill -9 of the primary.
 
-    python bench/ha.py [--quick] [--json PATH] [--seconds S] [--tasks N] [--kills K]
+    python bench/ha.py [--quick] [--json PATH] [--seconds S] [--tasks N[,N...]]
+                       [--latency M] [--kills K]
 
 In one run, each party its own process on 127.0.0.1: (1) a single ``topiary serve
 --data-dir``; (2) a primary and a standby (``[ha]``, ``failover = "manual"``, sync on),
@@ -10,7 +11,15 @@ the primary's standby in sync before the load. Each time a durable session (filt
 trio tasks on one connection, each awaiting ``publish(..., confirm=True)`` in a loop for S
 seconds. confirmed/s = PUBACKs / S. The pair's row also says how many of its batches were
 confirmed alone (no standby in sync: must be 0) from the primary's ``stats``. Goal
-(issue 20): pair >= 0.75 x single.
+(issue 20): pair >= 0.75 x single. ``--tasks 128,512`` measures each number of tasks in
+turn on the same brokers (a row per number): with few tasks in flight a confirmed publish's
+round trip, not CPU, sets the rate (a task publishes again only once PUBACKed), so the
+pair's extra wait for the standby shows in the rate too.
+
+Latency (``--latency M``, default 2,000; 0 skips it): then one task publishes M messages
+confirmed, one after the other, and times each ``publish`` call: p50 / p99 of a confirmed
+publish's round trip on an idle broker, single and pair (what the pair's wait for the
+standby's fsync adds to one publish).
 
 CPU per confirmed message (us): each broker's user + system time from ``/proc/<pid>/stat``
 over the measured interval (read just before the publisher starts and just after it
@@ -146,6 +155,29 @@ def _own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+async def _latencies(port: int, count: int) -> list[float]:
+    """Seconds of each of ``count`` confirmed publishes, one at a time (after 50 unmeasured)."""
+    payload = b"x" * 500
+    times = []
+    async with connect(("127.0.0.1", port)) as client:
+        for i in range(count + 50):
+            start = time.perf_counter()
+            await client.publish(TOPIC, payload, confirm=True)
+            if i >= 50:
+                times.append(time.perf_counter() - start)
+    return times
+
+
+def _latency_ms(port: int, count: int) -> dict[str, float]:
+    """p50 / p99 / max in ms of one task's confirmed publishes (``_latencies``)."""
+    times = sorted(trio.run(_latencies, port, count))
+    return {
+        "p50_ms": statistics.median(times) * 1e3,
+        "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3,
+        "max_ms": times[-1] * 1e3,
+    }
+
+
 async def _publisher(port: int, tasks: int, seconds: float) -> tuple[int, float]:
     """The PUBACKs counted, and the CPU seconds spent under the load (start-up excluded)."""
     confirmed = 0
@@ -175,16 +207,24 @@ def _wait_logged(log: Path, text: str, seconds: float = 30) -> None:
     raise SystemExit(f"{text!r} not logged in {log}")
 
 
-def run(tasks: int, seconds: float, work: Path) -> dict[str, Any]:
-    results: dict[str, Any] = {"benchmark": "ha", "tasks": tasks, "seconds": seconds}
+def run(tasks: list[int], seconds: float, latency: int, work: Path) -> dict[str, Any]:
+    """The throughput rows (one per number of tasks) and the latency, single then pair; the
+    first number of tasks also fills the top-level keys (``ratio`` and the rest)."""
+    results: dict[str, Any] = {
+        "benchmark": "ha", "tasks": tasks[0], "seconds": seconds, "by_tasks": {}
+    }  # fmt: skip
+    rows: dict[int, dict[str, Any]] = {n: {} for n in tasks}
     port = _free_port()
     single = _start(["--port", str(port), "--data-dir", str(work / "single")], work / "s.log", port)
     try:
         trio.run(_prepare, port)
-        confirmed, cpu = _measure(port, tasks, seconds, {"broker": single})
-        results["single_per_second"] = confirmed / seconds
-        results["single_cpu_us"] = _cpu_per_message(cpu, confirmed)
+        for n in tasks:
+            confirmed, cpu = _measure(port, n, seconds, {"broker": single})
+            rows[n]["single_per_second"] = confirmed / seconds
+            rows[n]["single_cpu_us"] = _cpu_per_message(cpu, confirmed)
         results["single_mean_batch"] = trio.run(_stats, port)["store"]["mean_batch"]
+        if latency:
+            results["single_latency"] = _latency_ms(port, latency)
     finally:
         _stop(single)
     ports = {"a": _free_port(), "b": _free_port()}
@@ -204,11 +244,14 @@ def run(tasks: int, seconds: float, work: Path) -> dict[str, Any]:
             procs.append(_start(["--config", str(config)], work / f"{name}.log", ports[name]))
         _wait_logged(work / "a.log", "standby in sync")
         trio.run(_prepare, ports["a"])
-        confirmed, cpu = _measure(
-            ports["a"], tasks, seconds, {"primary": procs[0], "standby": procs[1]}
-        )
-        results["pair_per_second"] = confirmed / seconds
-        results["pair_cpu_us"] = _cpu_per_message(cpu, confirmed)
+        watched = {"primary": procs[0], "standby": procs[1]}
+        for n in tasks:
+            confirmed, cpu = _measure(ports["a"], n, seconds, watched)
+            rows[n]["pair_per_second"] = confirmed / seconds
+            rows[n]["pair_cpu_us"] = _cpu_per_message(cpu, confirmed)
+            rows[n]["ratio"] = rows[n]["pair_per_second"] / rows[n]["single_per_second"]
+        if latency:
+            results["pair_latency"] = _latency_ms(ports["a"], latency)
         stats = trio.run(_stats, ports["a"])
         results["pair_mean_batch"] = stats["store"]["mean_batch"]
         ha = stats.get("ha", {})
@@ -217,7 +260,8 @@ def run(tasks: int, seconds: float, work: Path) -> dict[str, Any]:
     finally:
         for proc in procs:
             _stop(proc)
-    results["ratio"] = results["pair_per_second"] / results["single_per_second"]
+    results.update(rows[tasks[0]])
+    results["by_tasks"] = {str(n): row for n, row in rows.items()}
     return results
 
 
@@ -386,31 +430,28 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 s per measurement")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--tasks", type=int, default=128)
+    parser.add_argument(
+        "--tasks", default="128", help="publisher tasks; a comma-separated list: a row each"
+    )
+    parser.add_argument(
+        "--latency", type=int, default=2000, help="sequential confirmed publishes timed (0: none)"
+    )
     parser.add_argument("--kills", type=int, default=5, help="kill -9 rounds (0: none)")
     parser.add_argument("--publisher", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.publisher is not None:
-        count, cpu = trio.run(_publisher, args.publisher, args.tasks, args.seconds)
+        count, cpu = trio.run(_publisher, args.publisher, int(args.tasks), args.seconds)
         print(json.dumps({"confirmed": count, "cpu_seconds": cpu}))
         return
     seconds = 1.0 if args.quick else args.seconds
     configure_logging(level=logging.WARNING)  # the failing-over client's retries: not the table
     with tempfile.TemporaryDirectory(prefix="topiary-bench-ha-") as work:
-        results = run(args.tasks, seconds, Path(work))
+        tasks = [int(n) for n in args.tasks.split(",")]
+        latency = min(args.latency, 300) if args.quick else args.latency
+        results = run(tasks, seconds, latency, Path(work))
         if args.kills > 0:
             results.update(run_failover(args.kills, Path(work)))
-    single, pair = results["single_cpu_us"], results["pair_cpu_us"]
-    print(f"{'setup':<28} {'confirmed/s':>12}   CPU us per confirmed message")
-    print(f"{'single broker':<28} {results['single_per_second']:>12.0f}   "
-          f"broker {single['broker']:.1f}, publisher {single['publisher']:.1f}")  # fmt: skip
-    print(f"{'pair, sync = true':<28} {results['pair_per_second']:>12.0f}   "
-          f"primary {pair['primary']:.1f}, standby {pair['standby']:.1f}, "
-          f"publisher {pair['publisher']:.1f}")  # fmt: skip
-    print(f"messages per commit: single {results['single_mean_batch']}, "
-          f"pair's primary {results['pair_mean_batch']}")  # fmt: skip
-    print(f"ratio {results['ratio']:.2f} (goal >= 0.75); batches confirmed alone in the pair: "
-          f"{results['pair_confirms_alone']}")  # fmt: skip
+    _print(results)
     if args.kills > 0:
         print(f"failover over {results['kills']} kill -9 of the primary: "
               f"p50 {results['failover_p50']:.3f} s, max {results['failover_max']:.3f} s "
@@ -419,6 +460,26 @@ def main() -> None:
               f"{results['failover_duplicates']}")  # fmt: skip
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
+
+
+def _print(results: dict[str, Any]) -> None:
+    head = f"{'tasks':>5} {'setup':<18} {'confirmed/s':>12} {'ratio':>6}"
+    print(f"{head}   CPU us per confirmed message")
+    for n, row in results["by_tasks"].items():
+        single, pair = row["single_cpu_us"], row["pair_cpu_us"]
+        print(f"{n:>5} {'single broker':<18} {row['single_per_second']:>12.0f} {'':>6}   "
+              f"broker {single['broker']:.1f}, publisher {single['publisher']:.1f}")  # fmt: skip
+        print(f"{n:>5} {'pair, sync = true':<18} {row['pair_per_second']:>12.0f} "
+              f"{row['ratio']:>6.2f}   primary {pair['primary']:.1f}, standby "
+              f"{pair['standby']:.1f}, publisher {pair['publisher']:.1f}")  # fmt: skip
+    print(f"goal: ratio >= 0.75; messages per commit: single {results['single_mean_batch']}, "
+          f"pair's primary {results['pair_mean_batch']}; batches confirmed alone in the pair: "
+          f"{results['pair_confirms_alone']}")  # fmt: skip
+    if "single_latency" in results:
+        for name in ("single", "pair"):
+            lat = results[f"{name}_latency"]
+            print(f"one confirmed publish at a time, {name}: p50 {lat['p50_ms']:.2f} ms, "
+                  f"p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":
