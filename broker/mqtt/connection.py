@@ -74,6 +74,7 @@ class MqttConnection:
         self.sweeper = sweeper
         self.websocket = websocket
         self.decoder = Decoder(server=True, max_packet=broker.config.max_frame)
+        self.decoder.plain_publishes = True  # (``Requests`` takes them: the fan-out path)
         self.session: Session | None = None
         self.accepted: Accepted | None = None
         self.identity = ANONYMOUS  # who the client proved to be, once CONNECT is accepted
