@@ -2,7 +2,7 @@
 DUP, RETAIN or properties comes out as ``(topic, payload, head)``, and that stands for exactly
 the ``Publish`` the general path reads, with the same errors, whatever else the stream holds
 and however it is split; its head is the PUBLISH head the message's subscribers of that
-version get (``publish._plain_head``)."""
+version get (``publish.plain_head``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from broker.core import Message
 from broker.mqtt import packets as p
 from broker.mqtt.codec import Decoder, MqttError, encode
 from broker.mqtt.packets import Publish
-from broker.mqtt.publish import _plain_head
+from broker.mqtt.publish import plain_head
 from tests.test_mqtt_codec import LEVELS, TOPIC_CHARS, client_packets, connects, splits
 
 FUZZ = settings(max_examples=300, deadline=None)
@@ -45,7 +45,7 @@ def _general(packet: p.Packet | p.PlainPublish, level: int) -> p.Packet:
         return packet  # type: ignore[return-value]
     topic, payload, head = packet  # type: ignore[misc]
     message = Message(topic, payload, None, "m", 0)
-    assert head == _plain_head(message, level == 5)
+    assert head == plain_head(message, level == 5)
     return Publish(topic, payload)
 
 
