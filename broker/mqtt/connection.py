@@ -260,8 +260,13 @@ class MqttConnection:
     # -- reading -------------------------------------------------------------------------
 
     async def _reader(self, requests: Requests) -> None:
-        """Hand packets to ``requests`` until EOF or an end; fair turns as the native reader."""
+        """Hand packets to ``requests`` until EOF or an end; fair turns as the native reader.
+        The writers the packets wake are woken (or written for) together, when the turn
+        ends or before the reader awaits: nothing is held across an await."""
         decoder = self.decoder
+        next_packet = decoder.next_packet
+        publish_plain = requests.publish_plain
+        handle = requests.handle
         config = self.broker.config
         turn_frames = config.turn_frames
         turn_time = config.turn_time
@@ -270,29 +275,38 @@ class MqttConnection:
         counters = self.broker.counters
         while True:
             handled = 0
-            # The writers the packets wake are woken (or written for) at the end, together.
-            hold_wakes()
+            hold_wakes()  # (still held when the turn goes on from the last frames)
+            flush = True
             try:
                 while handled < turn_frames:
                     try:
-                        packet = decoder.next_packet()
+                        packet = next_packet()
                     except MqttError as exc:
                         self._malformed(exc)
                         return
                     if packet is None:
                         break
                     handled += 1
-                    closing = requests.handle(packet)
+                    # (a plain PUBLISH, the fan-out path, without the look-up)
+                    closing = (
+                        publish_plain(packet)  # type: ignore[arg-type]
+                        if packet.__class__ is tuple
+                        else handle(packet)
+                    )
                     if closing is None and requests.later:
-                        flush_wakes()  # (nothing is held across an await)
+                        flush_wakes()
                         closing = await requests.run_later()
                         hold_wakes()
                     if closing is not None:
                         self.stop(closing)
                         return
+                busy = handled == turn_frames
+                over = busy and clock() - turn_began >= turn_time
+                flush = not busy or over
             finally:
-                flush_wakes()
-            if handled < turn_frames:
+                if flush:
+                    flush_wakes()
+            if not busy:
                 await requests.wait_room()
                 try:
                     data = await self.stream.receive_some(RECEIVE_SIZE)
@@ -303,7 +317,7 @@ class MqttConnection:
                     return
                 self.last_heard = turn_began = clock()
                 decoder.receive_data(data)
-            elif clock() - turn_began >= turn_time:
+            elif over:
                 counters.turns_yielded += 1
                 await trio.lowlevel.checkpoint()
                 turn_began = clock()

@@ -243,7 +243,7 @@ class Requests:
         self._acknowledge(p, pending)
         return None
 
-    def _publish_plain(self, plain: PlainPublish) -> Closing | None:
+    def publish_plain(self, plain: PlainPublish) -> Closing | None:
         """``_publish`` for a plain PUBLISH (``PlainPublish``: QoS 0, no properties, no
         RETAIN), the fan-out path's common case: the same checks in the same order, without
         what only the other PUBLISHes need; its head goes out again as the message's."""
@@ -587,7 +587,7 @@ class Requests:
 
 
 _HANDLERS: dict[type, Any] = {
-    tuple: Requests._publish_plain,  # (PlainPublish)
+    tuple: Requests.publish_plain,  # (PlainPublish)
     Publish: Requests._publish,
     PubAck: Requests._puback,
     PubRec: Requests._pubrec,
