@@ -1,7 +1,8 @@
 """The MQTT port's CPU per message without sockets: bench/mqtt_sidebyside.py's traffic replayed.
 
-    python bench/mqtt_replay.py [--sizes 1000,10000] [--messages N] [--latency-messages N]
-                                [--level 4|5] [--reps N] [--seed N] [--json PATH] [--profile]
+    python bench/mqtt_replay.py [--quick] [--sizes 1000,10000] [--messages N]
+                                [--latency-messages N] [--level 4|5] [--reps N] [--seed N]
+                                [--json PATH] [--profile]
 
 Issue 17's p99 follows the broker's CPU per wake-up (docs/benchmarks.md, "p99 at 2,000
 msg/s"), and on the shared 2-core machine a running broker's CPU time moves with the load.
@@ -23,6 +24,7 @@ process, where only the code changes the figure:
 ``--level 5`` makes every client MQTT 5 (no properties), the benchmark's clients are
 3.1.1. Each size and shape runs ``--reps`` times with a fresh broker; the table gives the
 min and median. Compare two trees by running this alternately with each on PYTHONPATH.
+``--quick``: S = 1,000, 2,000 and 1,000 messages, one run each (a smoke test).
 """
 
 from __future__ import annotations
@@ -255,6 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "level": args.level,
             "reps": args.reps,
             "seed": args.seed,
+            "quick": args.quick,
         },
         "python": sys.version.split()[0],
         "rows": rows,
@@ -285,7 +288,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--profile", action="store_true", help="cProfile each run")
+    parser.add_argument("--quick", action="store_true", help="a smoke test: small and once")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.messages, args.latency_messages, args.reps = "1000", 2_000, 1_000, 1
     args.sizes = [int(s) for s in args.sizes.split(",") if s]
     return args
 
