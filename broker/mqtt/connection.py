@@ -35,7 +35,7 @@ from broker.mqtt.packets import Disconnect
 from broker.mqtt.requests import Requests
 from broker.mqtt.state import MqttFrontEnd
 from broker.native.keepalive import KeepaliveSweeper
-from broker.net import RECEIVE_SIZE, linger
+from broker.net import RECEIVE_SIZE, linger, receive_from
 from broker.security import ANONYMOUS
 from broker.security.floods import Refusal
 from broker.store import StoreError
@@ -89,6 +89,7 @@ class MqttConnection:
         self.outbound: Outbound | None = None
         self.requests_nursery: trio.Nursery | None = None  # where acks are stored from
         self.refusal: Refusal | None = None  # past a limit against floods (set in run)
+        self._fd: int | None = None  # a plain socket's, read with os.read (net.receive_from)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -153,7 +154,8 @@ class MqttConnection:
             self.sweeper.hurry(accepted.keepalive)
         outbound = self.outbound = Outbound(self, accepted)
         if isinstance(self.stream, trio.SocketStream):  # (not a WebSocket, not TLS)
-            outbound.write_directly(self.stream.socket.fileno(), self._last_word_due)
+            self._fd = self.stream.socket.fileno()
+            outbound.write_directly(self._fd, self._last_word_due)
         requests = Requests(self, accepted, outbound)
         await self._authorize(accepted, requests)
         session.on_failure = self._session_failed
@@ -308,10 +310,13 @@ class MqttConnection:
                     flush_wakes()
             if not busy:
                 await requests.wait_room()
-                try:
-                    data = await self.stream.receive_some(RECEIVE_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
+                if self._fd is not None:
+                    data = await receive_from(self._fd)
+                else:
+                    try:
+                        data = await self.stream.receive_some(RECEIVE_SIZE)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        data = b""
                 if not data:
                     self.stop(Closing(None, "connection lost"))
                     return
