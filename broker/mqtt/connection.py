@@ -35,7 +35,7 @@ from broker.mqtt.packets import Disconnect
 from broker.mqtt.requests import Requests
 from broker.mqtt.state import MqttFrontEnd
 from broker.native.keepalive import KeepaliveSweeper
-from broker.net import RECEIVE_SIZE, linger
+from broker.net import RECEIVE_SIZE, linger, receive_from
 from broker.security import ANONYMOUS
 from broker.security.floods import Refusal
 from broker.store import StoreError
@@ -74,6 +74,7 @@ class MqttConnection:
         self.sweeper = sweeper
         self.websocket = websocket
         self.decoder = Decoder(server=True, max_packet=broker.config.max_frame)
+        self.decoder.plain_publishes = True  # (``Requests`` takes them: the fan-out path)
         self.session: Session | None = None
         self.accepted: Accepted | None = None
         self.identity = ANONYMOUS  # who the client proved to be, once CONNECT is accepted
@@ -88,6 +89,7 @@ class MqttConnection:
         self.outbound: Outbound | None = None
         self.requests_nursery: trio.Nursery | None = None  # where acks are stored from
         self.refusal: Refusal | None = None  # past a limit against floods (set in run)
+        self._fd: int | None = None  # a plain socket's, read with os.read (net.receive_from)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -152,7 +154,8 @@ class MqttConnection:
             self.sweeper.hurry(accepted.keepalive)
         outbound = self.outbound = Outbound(self, accepted)
         if isinstance(self.stream, trio.SocketStream):  # (not a WebSocket, not TLS)
-            outbound.write_directly(self.stream.socket.fileno(), self._last_word_due)
+            self._fd = self.stream.socket.fileno()
+            outbound.write_directly(self._fd, self._last_word_due)
         requests = Requests(self, accepted, outbound)
         await self._authorize(accepted, requests)
         session.on_failure = self._session_failed
@@ -259,8 +262,13 @@ class MqttConnection:
     # -- reading -------------------------------------------------------------------------
 
     async def _reader(self, requests: Requests) -> None:
-        """Hand packets to ``requests`` until EOF or an end; fair turns as the native reader."""
+        """Hand packets to ``requests`` until EOF or an end; fair turns as the native reader.
+        The writers the packets wake are woken (or written for) together, when the turn
+        ends or before the reader awaits: nothing is held across an await."""
         decoder = self.decoder
+        next_packet = decoder.next_packet
+        publish_plain = requests.publish_plain
+        handle = requests.handle
         config = self.broker.config
         turn_frames = config.turn_frames
         turn_time = config.turn_time
@@ -269,40 +277,52 @@ class MqttConnection:
         counters = self.broker.counters
         while True:
             handled = 0
-            # The writers the packets wake are woken (or written for) at the end, together.
-            hold_wakes()
+            hold_wakes()  # (still held when the turn goes on from the last frames)
+            flush = True
             try:
                 while handled < turn_frames:
                     try:
-                        packet = decoder.next_packet()
+                        packet = next_packet()
                     except MqttError as exc:
                         self._malformed(exc)
                         return
                     if packet is None:
                         break
                     handled += 1
-                    closing = requests.handle(packet)
+                    # (a plain PUBLISH, the fan-out path, without the look-up)
+                    closing = (
+                        publish_plain(packet)  # type: ignore[arg-type]
+                        if packet.__class__ is tuple
+                        else handle(packet)
+                    )
                     if closing is None and requests.later:
-                        flush_wakes()  # (nothing is held across an await)
+                        flush_wakes()
                         closing = await requests.run_later()
                         hold_wakes()
                     if closing is not None:
                         self.stop(closing)
                         return
+                busy = handled == turn_frames
+                over = busy and clock() - turn_began >= turn_time
+                flush = not busy or over
             finally:
-                flush_wakes()
-            if handled < turn_frames:
+                if flush:
+                    flush_wakes()
+            if not busy:
                 await requests.wait_room()
-                try:
-                    data = await self.stream.receive_some(RECEIVE_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
+                if self._fd is not None:
+                    data = await receive_from(self._fd)
+                else:
+                    try:
+                        data = await self.stream.receive_some(RECEIVE_SIZE)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        data = b""
                 if not data:
                     self.stop(Closing(None, "connection lost"))
                     return
                 self.last_heard = turn_began = clock()
                 decoder.receive_data(data)
-            elif clock() - turn_began >= turn_time:
+            elif over:
                 counters.turns_yielded += 1
                 await trio.lowlevel.checkpoint()
                 turn_began = clock()

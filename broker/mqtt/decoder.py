@@ -111,6 +111,7 @@ class Decoder:
         "_receives",
         "_scan",
         "max_packet",
+        "plain_publishes",
         "protocol_level",
         "server",
     )
@@ -141,6 +142,10 @@ class Decoder:
         # An error found in the stream: raised once _pos reaches _error_at, then forever.
         self._error: MqttError | None = None
         self._error_at = 0
+        #: Hand out a plain PUBLISH (QoS 0, no DUP, RETAIN or properties) as a
+        #: ``PlainPublish`` tuple instead of a ``Publish`` (the MQTT front end's reader,
+        #: whose hot path it is): the same packet, checked the same way, without the objects.
+        self.plain_publishes = False
 
     @property
     def buffered(self) -> int:
@@ -154,8 +159,9 @@ class Decoder:
         self._buf += data
         self._check_headers()
 
-    def next_packet(self) -> Packet | None:
-        """The next whole packet, or None when more bytes are needed; raises MqttError."""
+    def next_packet(self) -> Packet | p.PlainPublish | None:
+        """The next whole packet, or None when more bytes are needed; raises MqttError. With
+        ``plain_publishes``, a plain PUBLISH comes as a ``PlainPublish`` tuple."""
         pos = self._pos
         if pos == self._scan:
             if self._error is not None and pos >= self._error_at:
@@ -178,7 +184,9 @@ class Decoder:
         end = start + length
         try:
             if not self._connected:
-                packet: Packet = self._other(first, buf, start, end)
+                packet: Packet | p.PlainPublish = self._other(first, buf, start, end)
+            elif first == 0x30 and self.plain_publishes:  # QoS 0, no DUP, no RETAIN
+                packet = self._plain(buf, pos, start, end)
             elif first >> 4 == 3:
                 packet = self._publish(first, buf, start, end)
             elif first == 0x40 and length == 2:  # a PUBACK with no reason code: QoS 1's path
@@ -321,6 +329,28 @@ class Decoder:
             with memoryview(buf) as view:
                 payload = view[pos:end].tobytes()
         return p.Publish(topic, payload, qos, (first & 1) != 0, dup, packet_id, props)
+
+    def _plain(self, buf: bytearray, at: int, pos: int, end: int) -> p.PlainPublish | p.Publish:
+        """A PUBLISH whose first byte is 0x30 (QoS 0, no DUP, no RETAIN; the packet starts
+        at ``at``, its body at ``pos``): a ``PlainPublish`` when it has a topic and (5.0)
+        no properties; anything else, and every error, is ``_publish``'s to read."""
+        v5 = self.protocol_level == 5
+        if pos + 2 <= end:
+            stop = pos + 2 + _unpack_H(buf, pos)[0]
+            body = stop + 1 if v5 else stop
+            if pos + 2 < stop and body <= end and not (v5 and buf[stop]):
+                try:
+                    topic = buf[pos + 2 : stop].decode()
+                except UnicodeDecodeError:
+                    topic = "\x00"  # (so _publish says why)
+                if "\x00" not in topic and "+" not in topic and "#" not in topic:
+                    if end - body < _VIEW_AT:
+                        payload = bytes(buf[body:end])
+                    else:
+                        with memoryview(buf) as view:
+                            payload = view[body:end].tobytes()
+                    return (topic, payload, bytes(buf[at:body]))
+        return self._publish(0x30, buf, pos, end)
 
     def _other(self, first: int, buf: bytearray, pos: int, end: int) -> Packet:
         """Every packet but a PUBLISH after CONNECT: check type, direction and flags, then

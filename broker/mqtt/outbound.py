@@ -29,17 +29,19 @@ for it instead (MQTT-4.4.0-1), and a redelivery from the store skips it.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import trio
 
 from broker.core import Member, Message, Session
 from broker.core.extra import apply_extra
+from broker.core.session import AppendRun
 from broker.mqtt.closing import Closing
 from broker.mqtt.codec import encode
 from broker.mqtt.connect import Accepted
 from broker.mqtt.holder import Conn
 from broker.mqtt.packets import PubRel
-from broker.mqtt.publish import append_publish, delivery_properties
+from broker.mqtt.publish import append_publish, delivery_properties, plain_head
 from broker.mqtt.subscriptions import Options
 from routing.acl import Access
 
@@ -129,8 +131,8 @@ class Outbound:
         if room <= 0:
             return False  # the writer waits for the window
         session = self.session
-        self._now = trio.current_time()
-        data, _messages = session.take_batch(self.append, BATCH_BYTES, None, room)
+        self._now = 0.0  # (read when a message with an expiry needs it: _clock)
+        data, _messages = session.take_batch(self.append, BATCH_BYTES, None, room, self._runs())
         try:
             sent = os.write(self._fd, data)  # type: ignore[arg-type]
         except OSError:  # full (BlockingIOError), or broken: the writer's send finds out
@@ -180,8 +182,10 @@ class Outbound:
                 if room <= 0 and self._messages_queued():
                     await self._wait_window(last_word_due)
                     continue
-                self._now = trio.current_time()
-                data, _messages = session.take_batch(self.append, BATCH_BYTES, None, max(room, 0))
+                self._now = 0.0
+                data, _messages = session.take_batch(
+                    self.append, BATCH_BYTES, None, max(room, 0), self._runs()
+                )
                 if data:
                     await conn.stream.send_all(data)
                     counters.bytes_sent += len(data)
@@ -194,6 +198,12 @@ class Outbound:
             conn.stop(Closing(None, "connection lost"))
         finally:
             done.set()
+
+    def _clock(self) -> float:
+        """The time a batch's expiries are judged by, read once per batch when first needed
+        (``_now`` is 0.0 until then)."""
+        self._now = now = trio.current_time()
+        return now
 
     def _messages_queued(self) -> bool:
         return self.session.queued > 0 and not self.session._control  # (replies need no room)
@@ -354,6 +364,67 @@ class Outbound:
 
     # -- encoding ------------------------------------------------------------------------
 
+    def _runs(self) -> AppendRun | None:
+        """``_append_run`` when this connection's deliveries may take it: no topic aliases
+        towards the client, and subscriptions that all have the same options and no
+        Subscription Identifier (a delivery's options do not depend on its topic)."""
+        if self.aliases is not None:
+            return None
+        options = self.state.subscriptions.uniform
+        if options is None or options.identifier is not None:
+            return None
+        return self._append_run
+
+    def _append_run(
+        self, parts: list[bytes | memoryview], entries: list[Any], start: int, end: int, budget: int
+    ) -> tuple[int, int, int]:
+        """``append`` for the queued deliveries ``entries[start:end]`` in one loop
+        (``Session.take_batch``'s ``append_run``, for a transient session; see ``_runs``):
+        each a QoS 0 PUBLISH without RETAIN or properties of its own, the same packet for
+        every such delivery of the message, so its head is made once per message
+        (``plain_head``; a plain PUBLISH's own head, from the reader). It stops at anything
+        else (a reply, a sampled message, one that expires, comes from the retained store,
+        keeps its QoS or RETAIN, is the session's own under No Local, or is too large for
+        the client), which ``append`` then encodes, and once ``budget`` bytes are appended;
+        returns (the index after the last encoded, bytes appended, payload bytes)."""
+        options = self.state.subscriptions.uniform
+        assert options is not None
+        sub_qos = options.qos
+        rap = options.retain_as_published
+        own = self.session if options.no_local else None
+        v5 = self.v5
+        maximum = self.accepted.maximum_packet
+        append = parts.append
+        size = payload_bytes = 0
+        i = start
+        while i < end and size < budget:
+            entry = entries[i]
+            if entry.__class__ is not tuple:
+                break
+            message = entry[0]
+            if (
+                message.routed_at
+                or message.expires_at
+                or message.from_retained
+                or (message.qos and sub_qos)
+                or (rap and message.retain)
+                or (own is not None and message.origin is own)
+            ):
+                break
+            heads = message.mqtt_heads
+            head = heads[v5] if heads is not None else b""
+            if not head:
+                head = plain_head(message, v5)
+            n = len(head) + message.size
+            if n > maximum:
+                break
+            append(head)
+            append(message.payload)
+            size += n
+            payload_bytes += message.size
+            i += 1
+        return i, size, payload_bytes
+
     def append(
         self, parts: list[bytes | memoryview], message: Message, sub_id: int, seq: int
     ) -> int:
@@ -361,7 +432,7 @@ class Outbound:
         is not sent (expired, No Local, too large)."""
         if seq in self._released and self.session.durable:
             return 0  # PUBREC'd: it is PUBREL's turn, not the PUBLISH's
-        if message.expires_at and self._now >= message.expires_at:
+        if message.expires_at and (self._now or self._clock()) >= message.expires_at:
             self.conn.mqtt.counters.expired += 1
             return 0
         delivery = self.state.subscriptions.delivery(message.topic, message.origin is self.session)
@@ -408,7 +479,7 @@ class Outbound:
         if self.v5:
             expiry = None
             if message.expires_at:
-                expiry = max(int(message.expires_at - self._now), 1)
+                expiry = max(int(message.expires_at - (self._now or self._clock())), 1)
             aliases = self.aliases
             if aliases is not None:  # the client takes topic aliases from us
                 alias = aliases.get(message.topic, 0)

@@ -304,6 +304,13 @@ class Auth:
     properties: Properties = field(default_factory=Properties)
 
 
+#: A plain PUBLISH as a server's ``Decoder`` with ``plain_publishes`` hands it out: QoS 0, no
+#: DUP, RETAIN or properties, a topic: (topic, payload, head), ``head`` being the packet's
+#: bytes before the payload. It stands for ``Publish(topic, payload)``, and ``head`` is also
+#: that message's PUBLISH head for subscribers of the publisher's protocol version (the same
+#: packet goes out), so the fan-out path reuses it instead of encoding one.
+PlainPublish = tuple[str, bytes, bytes]
+
 Packet = (
     Connect
     | ConnAck

@@ -77,7 +77,7 @@ def shared(message: Message) -> tuple[bytes, bytes]:
     return cached
 
 
-def _plain_head(message: Message, v5: bool) -> bytes:
+def plain_head(message: Message, v5: bool) -> bytes:
     """The head of a QoS 0 PUBLISH of ``message`` without RETAIN or properties of its own,
     made once per message and protocol version (3.1.1, 5.0), when first needed."""
     heads = message.mqtt_heads
@@ -129,7 +129,7 @@ def append_publish(
     replaces the topic (an empty one, when a topic alias stands for it)."""
     if not qos and not retain and not extra and topic is None:
         # the same packet for every such delivery: its head made once per message and version
-        head = _plain_head(message, v5)
+        head = plain_head(message, v5)
         parts.append(head)
         parts.append(message.payload)
         return len(head) + message.size

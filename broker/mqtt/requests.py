@@ -39,6 +39,7 @@ from broker.mqtt.packets import (
     Connect,
     Disconnect,
     PingReq,
+    PlainPublish,
     PubAck,
     PubComp,
     Publish,
@@ -240,6 +241,41 @@ class Requests:
                 self.later.append((self._persist, (p, work)))
                 return None
         self._acknowledge(p, pending)
+        return None
+
+    def publish_plain(self, plain: PlainPublish) -> Closing | None:
+        """``_publish`` for a plain PUBLISH (``PlainPublish``: QoS 0, no properties, no
+        RETAIN), the fan-out path's common case: the same checks in the same order, without
+        what only the other PUBLISHes need; its head goes out again as the message's."""
+        topic, payload, head = plain
+        broker = self.broker
+        bucket = self.publish_bucket
+        if bucket is not None and not bucket.take(trio.current_time()):
+            return Closing(
+                R.MESSAGE_RATE_TOO_HIGH, broker.guard.publish_refused(self.session.client_id)
+            )
+        try:
+            routing.validate_topic(topic, empty_levels=True)
+        except routing.TopicError as exc:
+            return Closing(R.TOPIC_NAME_INVALID, f"PUBLISH: {exc}")
+        acl = self.session.acl
+        if acl is not None and not acl.may_publish(topic):
+            return self._not_authorized(Publish(topic, payload), topic)
+        if len(payload) > broker.config.max_payload:
+            text = (
+                f"payload of {len(payload)} bytes exceeds the limit of {broker.config.max_payload}"
+            )
+            return self._refuse_publish(Publish(topic, payload), R.QUOTA_EXCEEDED, text)
+        message = Message(topic, payload, None, broker.next_msg_id(), 0)
+        message.origin = self.session
+        message.mqtt_heads = [b"", head] if self.v5 else [head, b""]
+        try:
+            work = broker.publish_message(message)
+        except QuotaExceeded as exc:
+            return self._refuse_publish(Publish(topic, payload), R.QUOTA_EXCEEDED, str(exc))
+        # durable sessions got it: the store's, in order (QoS 0: no acknowledgement)
+        if work is not None and (self.later or broker.persist_nowait(work) is None):
+            self.later.append((self._persist, (Publish(topic, payload), work)))
         return None
 
     async def _persist(self, p: Publish, work: Any) -> Closing | None:
@@ -551,6 +587,7 @@ class Requests:
 
 
 _HANDLERS: dict[type, Any] = {
+    tuple: Requests.publish_plain,  # (PlainPublish)
     Publish: Requests._publish,
     PubAck: Requests._puback,
     PubRec: Requests._pubrec,

@@ -123,6 +123,12 @@ class Subscriptions:
         else:
             self._uniform = None
 
+    @property
+    def uniform(self) -> Options | None:
+        """The options every subscription has, when they all have the same (else None)."""
+        uniform = self._uniform
+        return None if uniform is None else uniform[2]
+
     def delivery(self, topic: str, own: bool) -> Delivery:
         """How a message on ``topic`` goes out (``own``: this session published it)."""
         uniform = self._uniform
