@@ -245,9 +245,9 @@ def table(results: list[dict[str, Any]]) -> list[str]:
             row = result.get(side)
             if row is None:
                 continue
-            ratio = f"{result['topiary_over_relay']:.2f}x" if side == "topiary" else ""
-            if "topiary_over_relay" not in result:
-                ratio = ""
+            ratio = ""
+            if side == "topiary" and "topiary_over_relay" in result:
+                ratio = f"{result['topiary_over_relay']:.2f}x"
             lines.append(
                 f"| {result['size']:,} | {side} | {row['us_per_message_min']:.2f} | "
                 f"{row['us_per_message_median']:.2f} | {row['deliveries']:,} | "
