@@ -94,6 +94,7 @@ from broker.wire.states import (
     settle,
     steady_send_state,
 )
+from routing import TopicError, validate_topic
 
 __all__ = [
     "NEED_DATA",
@@ -123,6 +124,7 @@ _SERVER_PLAIN: Final[dict[str, Callable[[dict[str, Any]], Frame | PlainPub]]] = 
     Pub.TYPE: plain_pub,
 }
 _unpackb: Final = msgpack.unpackb
+_validate_topic: Final = validate_topic
 #: Per role: the one state in which each hot-path frame may be sent (None: never), so that
 #: the ``send_puback``/``append_msg``/... methods check their state with one compare.
 _HOT_STATES: Final = {
@@ -261,8 +263,10 @@ class Connection:
         buffer = self._buffer
         receive = self._receive
         fast = None
+        plain = False
         if self.role is _SERVER:
-            fast = _SERVER_PLAIN if self.plain_pubs else _SERVER_FAST
+            plain = self.plain_pubs
+            fast = _SERVER_PLAIN if plain else _SERVER_FAST
         while True:
             if self.state is OPEN:  # the common state: next_event's loop, inlined
                 try:
@@ -291,6 +295,20 @@ class Connection:
                             wire = None
                         if wire.__class__ is dict:
                             wire_type = wire.get("type")  # type: ignore[union-attr]
+                            if (
+                                plain
+                                and wire_type == "PUB"
+                                and len(wire) == 3  # type: ignore[arg-type]
+                                and (topic := wire.get("topic")).__class__ is str  # type: ignore[union-attr]
+                                and wire.get("payload").__class__ is bytes  # type: ignore[union-attr]
+                            ):  # plain_pub's commonest case (type, topic, payload), inlined
+                                try:
+                                    _validate_topic(topic)
+                                except TopicError:
+                                    pass  # (plain_pub says what is wrong)
+                                else:
+                                    append(wire)  # type: ignore[arg-type]
+                                    continue
                             if wire_type.__class__ is str:
                                 build = fast.get(wire_type)
                     try:
