@@ -22,7 +22,9 @@ moves it far less than it moves the running benchmark's rates. Per size S:
 Reported per S and side: CPU µs per message (the minimum over ``--repeat`` fresh runs, and
 the median), deliveries and bytes out (the same every run; a change that alters what is
 delivered shows here), and topiary / relay. Run it from two checkouts, alternating, to
-compare a change with main (docs/benchmarks.md says how).
+compare a change with main (docs/benchmarks.md says how). On a shared machine the
+figures move with the load; ``--turn-calls N`` makes the work independent of the clock, so
+that ``valgrind --tool=callgrind`` counts the same instructions run after run.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def _open_server() -> Connection:
     return proto
 
 
-async def _topiary(filters: list[str], reads: list[bytes]) -> dict[str, Any]:
+async def _topiary(filters: list[str], reads: list[bytes], turn_calls: int = 0) -> dict[str, Any]:
     broker = Broker(BrokerConfig(**LIMITS))
     subscribers = []
     for k, part in enumerate(split(filters, CONNECTIONS)):
@@ -157,14 +159,17 @@ async def _topiary(filters: list[str], reads: list[bytes]) -> dict[str, Any]:
     for data in reads:
         proto.receive_data(data)
         turn_began = clock()
+        calls = 0
         hold_wakes()
         while True:
             stop = await handle(proto.next_events(turn_frames))
+            calls += 1
             if stop is None:
-                if clock() - turn_began < turn_time:
+                if (calls < turn_calls) if turn_calls else (clock() - turn_began < turn_time):
                     continue
                 flush_wakes()
                 turn_began = clock()
+                calls = 0
                 hold_wakes()
                 continue
             flush_wakes()
@@ -204,7 +209,9 @@ def _relay(filters: list[str], reads: list[bytes]) -> dict[str, Any]:
     return {"seconds": seconds, "deliveries": deliveries, "bytes_out": out_bytes, "writes": writes}
 
 
-def measure(size: int, messages: int, repeat: int, seed: int, sides: list[str]) -> dict[str, Any]:
+def measure(
+    size: int, messages: int, repeat: int, seed: int, sides: list[str], turn_calls: int = 0
+) -> dict[str, Any]:
     """Both sides on the same reads, ``repeat`` fresh runs each, alternating."""
     filters, _drawn = portable_subscriptions(size, seed)
     reads = publisher_reads(messages, seed)
@@ -212,7 +219,7 @@ def measure(size: int, messages: int, repeat: int, seed: int, sides: list[str]) 
     for _ in range(repeat):
         for side in sides:
             if side == "topiary":
-                runs[side].append(trio.run(_topiary, filters, reads))
+                runs[side].append(trio.run(_topiary, filters, reads, turn_calls))
             else:
                 runs[side].append(_relay(filters, reads))
     result: dict[str, Any] = {"size": size, "messages": messages}
@@ -263,13 +270,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=REPEAT)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=("topiary", "relay"))
+    parser.add_argument(
+        "--turn-calls",
+        type=int,
+        default=0,
+        metavar="N",
+        help="end topiary's turns after N next_events calls, not after turn_time: the same "
+        "work whatever the clock says (for instruction counts under valgrind)",
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     messages, repeat = args.messages, args.repeat
     if args.quick:
         sizes, messages, repeat = [1_000], 5_000, 1
     sides = [args.only] if args.only else ["topiary", "relay"]
-    results = [measure(size, messages, repeat, args.seed, sides) for size in sizes]
+    results = [measure(size, messages, repeat, args.seed, sides, args.turn_calls) for size in sizes]
     print("\n".join(table(results)))
     report = {
         "benchmark": "fanout_replay",
