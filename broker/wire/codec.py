@@ -255,6 +255,8 @@ def plain_pub(wire: dict[str, Any]) -> PlainPub | Pub:
 
     A publisher sends hundreds of PUBs per read and most are plain: their frames (a new
     object and six slots, set one call each) would cost about as much as unpacking did.
+    ``Connection.next_events`` makes this function's commonest case (type, topic and
+    payload only) inline, and calls it for the rest.
     """
     topic = wire.get("topic")
     size = len(wire)
