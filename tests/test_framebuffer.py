@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from broker.wire.buffer import COMPACT_AT, MAX_LENGTH, FrameBuffer, add_length_prefix
+from broker.wire.buffer import MAX_LENGTH, FrameBuffer, add_length_prefix
 from tests.helpers import CHUNKING_NAMES, TRAILING, chunked, splits
 
 
@@ -147,8 +147,8 @@ def test_consumed_bytes_are_released_as_frames_are_taken() -> None:
         buf.feed(chunk)
         while buf.next_frame() is not None:
             taken += 1
-        # Consumed bytes are dropped once they are most of the buffer: it stays near one chunk.
-        assert len(buf._data) <= size + COMPACT_AT + len(frame)
+        # Handed-out frames are not held: only the start of the frame a chunk cut is.
+        assert buf.buffered < len(frame)
     assert taken == 1500
     assert buf.buffered == 0
 
@@ -225,3 +225,76 @@ def test_next_frames_returns_what_next_frame_returns(
         assert batch.buffered == one.buffered
         if expected and isinstance(expected[-1], str):
             break
+
+
+def _reference(stream: bytes, max_frame: int) -> list[bytes | str]:
+    """What a whole stream, then EOF, must come out as: the bodies, then the error due."""
+    out: list[bytes | str] = []
+    pos = 0
+    while len(stream) - pos >= 4:
+        size = int.from_bytes(stream[pos : pos + 4], "big")
+        if size == 0:
+            return [*out, str(ErrorCode.BAD_FRAME)]
+        if size > max_frame:
+            return [*out, str(ErrorCode.FRAME_TOO_LARGE)]
+        if pos + 4 + size > len(stream):
+            break
+        out.append(stream[pos + 4 : pos + 4 + size])
+        pos += 4 + size
+    return out if pos == len(stream) else [*out, str(ErrorCode.BAD_FRAME)]
+
+
+#: Between two chunks: take nothing, one body, or a batch of at most 0 (all), 1 or 3.
+TAKE = st.sampled_from(["none", "one", "all", "batch-1", "batch-3"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bodies=st.lists(
+        st.one_of(st.binary(min_size=1, max_size=30), st.sampled_from([b"", b"x" * 41])),
+        max_size=10,
+    ),
+    cut=st.integers(min_value=0, max_value=5),
+    data=st.data(),
+)
+def test_any_split_and_any_takes_yield_the_stream_cut_by_hand(
+    bodies: list[bytes], cut: int, data: st.DataObject
+) -> None:
+    """Bodies as views of the reads, cut once at feed: the same bodies and errors as a
+    reference cutter on the whole stream, whatever the chunks (bytes, or a bytearray the
+    caller reuses afterwards), and however the caller takes them between feeds."""
+    stream = b"".join(len(body).to_bytes(4, "big") + body for body in bodies)
+    stream = stream[: len(stream) - cut]
+    chunks = data.draw(splits(stream)) if stream else []
+    buf = FrameBuffer(max_frame=40)
+    out: list[bytes | str] = []
+    failed = False
+
+    def take(how: str) -> None:
+        nonlocal failed
+        if failed or how == "none":
+            return
+        try:
+            if how == "one":
+                body = buf.next_frame()
+                got = [] if body is None else [body]
+            else:
+                got = buf.next_frames(0 if how == "all" else int(how[-1]))
+        except RemoteProtocolError as exc:
+            out.append(str(exc.code))
+            failed = True
+            return
+        out.extend(bytes(body) for body in got)
+
+    for chunk in chunks:
+        if data.draw(st.booleans()):
+            reused = bytearray(chunk)
+            buf.feed(reused)  # type: ignore[arg-type]
+            reused[:] = b"\xff" * len(reused)  # the caller's buffer, overwritten
+        else:
+            buf.feed(chunk)
+        take(data.draw(TAKE))
+    buf.feed(b"")
+    for _ in range(len(bodies) + 2):
+        take("all")
+    assert out == _reference(stream, 40)

@@ -7,6 +7,7 @@ import dataclasses
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, render_error_table
 from broker.wire import frames
-from broker.wire.codec import decode_frame, encode_frame
+from broker.wire.codec import decode_frame, encode_frame, plain_pub
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role, State
 from broker.wire.states import RECEIVE, SEND, render_state_table
 from tests.helpers import (
@@ -268,6 +269,83 @@ def test_with_plain_pubs_a_plain_pub_comes_as_its_map_and_any_other_as_a_frame()
     assert events[2].code == ErrorCode.INVALID_TOPIC
     assert events[3:] == [plain, NEED_DATA]
     assert server.state is State.OPEN
+
+
+#: The fields of a PUB-like map: plain ones, and every way of not being one.
+PUB_FIELDS = st.dictionaries(
+    st.sampled_from(["topic", "payload", "msg_id", "id", "headers", "retain", "extra"]),
+    st.one_of(
+        st.sampled_from(["a/b", "a//b", "/a", "a/*", "a/>", "", "é/x", "x" * 300]),
+        st.text(max_size=4),
+        st.binary(max_size=4),
+        st.integers(-1, 2**64 - 1),
+        st.none(),
+        st.booleans(),
+    ),
+)
+
+
+def _plain_events(server: Connection, limit: int) -> list[Any]:
+    """``next_events`` until NEED_DATA (left out) or an error that closes the connection;
+    each error as (code, ref, closes)."""
+    out: list[Any] = []
+    for _ in range(1000):
+        for event in server.next_events(limit):
+            if event is NEED_DATA:
+                return out
+            if isinstance(event, RemoteProtocolError):
+                out.append((event.code, event.ref, event.closes_connection))
+                if event.closes_connection:
+                    return out
+            else:
+                out.append(event)
+    raise AssertionError("next_events did not settle")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pubs=st.lists(
+        st.one_of(
+            PUB_FIELDS,
+            st.tuples(  # mostly plain: a valid topic and payload, perhaps more
+                st.fixed_dictionaries(
+                    {"topic": st.sampled_from(["a/b", "x/y/z"]), "payload": st.binary(max_size=4)}
+                ),
+                PUB_FIELDS,
+                st.booleans(),
+            ).map(lambda t: {**t[0], **t[1]} if t[2] else t[0]),
+        ).map(lambda fields: {**fields, "type": "PUB"}),
+        max_size=6,
+    ),
+    limit=st.sampled_from([0, 1, 3]),
+    data=st.data(),
+)
+def test_with_plain_pubs_each_pub_comes_as_plain_pub_makes_it_whatever_the_chunks(
+    pubs: list[dict[str, Any]], limit: int, data: st.DataObject
+) -> None:
+    """``next_events`` inlines ``plain_pub``'s commonest case: each PUB comes out as
+    ``plain_pub`` makes it (the map itself, a frame, or the same error), however the bytes
+    arrive and however many frames a call may return."""
+    expected: list[Any] = []
+    for pub in pubs:
+        try:
+            expected.append(plain_pub(dict(pub)))
+        except RemoteProtocolError as exc:
+            expected.append((exc.code, exc.ref, exc.closes_connection))
+            if exc.closes_connection:
+                break
+    stream = b"".join(wire(pub) for pub in pubs)
+    server = open_server()
+    server.plain_pubs = True
+    got: list[Any] = []
+    for chunk in data.draw(splits(stream)) if stream else []:
+        server.receive_data(chunk)
+        got += _plain_events(server, limit)
+        if got and got[-1].__class__ is tuple and got[-1][2]:
+            break  # closed: nothing more is read
+    assert got == expected
+    maps = [event for event, want in zip(got, expected, strict=True) if want.__class__ is dict]
+    assert all(event.__class__ is dict for event in maps)
 
 
 @pytest.mark.parametrize("chunking", CHUNKING_NAMES)

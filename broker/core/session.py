@@ -373,10 +373,9 @@ class Session:
             self.dropped += 1
             self.counters.dropped += 1
             return False
-        if (
-            self._queued_messages >= limits.messages
-            or self._queued_bytes + message.size > limits.bytes
-        ):
+        queued = self._queued_messages
+        queued_bytes = self._queued_bytes + message.size
+        if queued >= limits.messages or queued_bytes > limits.bytes:
             self._drop()
             self._drops_in_a_row += 1
             if self._drops_in_a_row >= limits.slow_consumer_drops:
@@ -386,12 +385,12 @@ class Session:
                     f"with {self._queued_messages} queued",
                 )
             return False
-        self.seq += 1
+        seq = self.seq = self.seq + 1
         if self._untold_drops:  # this message tells the client about the drops before it
             discards = self._discards
             if discards is None:
                 discards = self._discards = {}
-            discards[self.seq] = self._untold_drops
+            discards[seq] = self._untold_drops
             self._untold_drops = 0
         outbox = self._outbox
         if not outbox:  # else the writer finds this entry when it looks at the queue again
@@ -400,9 +399,9 @@ class Session:
                 held.append(self)  # written, or the writer woken, by flush_wakes
             else:
                 self.wake()
-        outbox.append((message, sub_id, self.seq))
-        self._queued_messages += 1
-        self._queued_bytes += message.size
+        outbox.append((message, sub_id, seq))
+        self._queued_messages = queued + 1
+        self._queued_bytes = queued_bytes
         return True
 
     def _drop(self) -> None:

@@ -183,8 +183,9 @@ class Requests:
         A publisher's read brings hundreds of PUBs, most of them plain (``PlainPub``: no
         PUBACK asked, no headers, not retained). When the client has no publish rate limit
         and no topic ACLs, a plain PUB within the payload limit needs none of ``_pub``'s
-        refusals: it is routed here straight from its map, with what ``_pub`` looks up per
-        PUB looked up once per run. Any other goes through ``_pub``. The run stops after a
+        refusals: it is routed straight from its map, by ``Broker.publish_run`` (many in one
+        call) when the core's common path takes it, else here with ``publish``. Any other
+        goes through ``_pub``. The run stops after a
         PUB that left work to await (``_later``), so that ``handle`` awaits it first, and
         after the first PUB of a session not ``ready`` yet (``handle`` makes it ready).
         """
@@ -194,8 +195,15 @@ class Requests:
         checked = self._publish_bucket is not None or self.session.acl is not None
         later = self._later
         ready = self.session.ready
+        # The plain PUBs the core routes on its common path, many per call; the rest here.
+        run = None if checked or not ready else broker.publish_run
         i = start
         while True:
+            if run is not None:
+                i = run(events, i, max_payload)
+                cls = events[i].__class__  # (the list ends with None)
+                if cls is not dict and cls is not Pub:
+                    return i
             event = events[i]
             i += 1
             if event.__class__ is not dict:

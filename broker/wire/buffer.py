@@ -5,23 +5,27 @@ Framing: every frame is a 4-byte big-endian length, then that many bytes of body
 Operations:
   - ``feed(data)`` appends what the transport read; ``feed(b"")`` records EOF.
   - ``next_frame()`` returns the next whole body, or None while more bytes are needed.
+  - ``next_frames()`` returns every whole body there is, at once (the broker's readers).
 
-Goal: work linear in the bytes received. Nothing is rescanned: each length prefix is read
-once, when its 4 bytes are there, and each body is copied once, when it is handed out.
+Goal: work linear in the bytes received, and little Python work per frame, since a read
+brings hundreds of small frames. Each length prefix is read once, by ``feed``, which cuts
+the whole frames of a read out of it there and then as read-only ``memoryview`` slices of
+the bytes read (nothing is copied: the transport's bytes are immutable, so a view of them
+stays valid); ``next_frames`` hands them out as a list slice, and msgpack unpacks a view as
+it does bytes. Only a frame split across reads is copied: its start waits in a
+``bytearray`` (appends are amortised linear, whatever the chunk sizes) and becomes one
+bytes object once it is whole. ``next_frame`` returns ``bytes`` (a copy of the view), for
+callers that keep a body.
 
-Plan: one ``bytearray`` plus ``_start``, the offset of the first byte not handed out yet.
-Handing out a frame only moves ``_start``; the consumed prefix is deleted when it is all of
-the buffer (free) or when it is at least half of it and over ``COMPACT_AT`` bytes, so each
-byte is moved at most a constant number of times on average, whatever the chunk sizes.
+Memory: a view keeps the read it was cut from alive until it is dropped, so the buffer
+holds the reads whose frames were not handed out yet, plus one partial frame: as before,
+at most the whole frames fed so far and ``4 + max_frame`` bytes.
 
 Limit: a length prefix above ``max_frame`` is an error as soon as its 4 bytes arrive, before
 any of its body is kept. Waiting for the body first would let one peer make us hold up to
-4 GiB per connection just by announcing it. ``feed`` checks the prefix of every frame in the
-data it is given (cheap: it jumps from prefix to prefix), so whatever the caller's pattern of
-``feed`` and ``next_frame`` calls, the buffer holds at most the whole frames fed so far plus
-one partial frame of at most ``4 + max_frame`` bytes. The error itself is raised by
-``next_frame`` once the frames before it have been handed out, and the buffer drops all
-later data: after a bad prefix the stream cannot be trusted.
+4 GiB per connection just by announcing it. The error itself is raised by ``next_frame``
+(or ``next_frames``) once the frames before it have been handed out, and the buffer drops
+all later data: after a bad prefix the stream cannot be trusted.
 """
 
 from __future__ import annotations
@@ -38,8 +42,6 @@ LENGTH_PREFIX = 4
 MAX_LENGTH = (1 << 32) - 1
 #: Default maximum body size (1 MiB), as in DESIGN.md.
 DEFAULT_MAX_FRAME = 1 << 20
-#: Compact once this many consumed bytes sit at the front (and they are half the buffer).
-COMPACT_AT = 1 << 16
 # One call, no slice: the hot path reads one prefix per frame.
 _read_length = struct.Struct(">I").unpack_from
 
@@ -55,7 +57,7 @@ def add_length_prefix(body: bytes) -> bytes:
 class FrameBuffer:
     """Cuts a byte stream into length-prefixed frame bodies; see the module docstring."""
 
-    __slots__ = ("_data", "_eof", "_error", "_error_at", "_scan", "_start", "max_frame")
+    __slots__ = ("_eof", "_error", "_frames", "_next", "_tail", "max_frame")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         if isinstance(max_frame, bool) or not isinstance(max_frame, int):
@@ -63,15 +65,15 @@ class FrameBuffer:
         if not 0 < max_frame <= MAX_LENGTH:
             raise ValueError(f"max_frame must be in 1..{MAX_LENGTH}, got {max_frame}")
         self.max_frame = max_frame
-        self._data = bytearray()
-        # First byte not handed out yet.
-        self._start = 0
-        # Start of the first frame that is not known to be complete (its prefix may be unread).
-        self._scan = 0
+        # Whole bodies cut by feed(), handed out from _next on.
+        self._frames: list[memoryview] = []
+        self._next = 0
+        # The start of a frame whose end has not arrived yet (prefix included).
+        self._tail = bytearray()
         self._eof = False
-        # A bad prefix found by feed(): raised by next_frame() once _start reaches _error_at.
+        # A bad prefix found by feed() (or EOF mid-frame): raised once the frames before it
+        # are handed out.
         self._error: RemoteProtocolError | None = None
-        self._error_at = 0
 
     @property
     def at_eof(self) -> bool:
@@ -81,7 +83,9 @@ class FrameBuffer:
     @property
     def buffered(self) -> int:
         """Bytes held and not handed out yet (prefixes included)."""
-        return len(self._data) - self._start
+        frames = self._frames
+        pending = len(frames) - self._next
+        return len(self._tail) + LENGTH_PREFIX * pending + sum(map(len, frames[self._next :]))
 
     def feed(self, data: bytes) -> None:
         """Append received bytes; ``b""`` means the peer closed its side (EOF)."""
@@ -94,90 +98,114 @@ class FrameBuffer:
             return
         if self._error is not None:
             return  # the stream is already broken: keep nothing more
-        self._data += data
-        self._check_prefixes()
+        if data.__class__ is not bytes:
+            data = bytes(data)  # (views of it must not change under them)
+        pos = 0
+        tail = self._tail
+        if tail:  # finish the frame the last read left unfinished
+            pos = self._finish_tail(data)
+            if pos < 0:
+                return  # still unfinished, or a bad prefix
+        self._cut(data, pos)
+
+    def _finish_tail(self, data: bytes) -> int:
+        """Complete the partial frame in ``_tail`` from ``data``: the offset in ``data``
+        after it, or -1 when ``data`` ran out first (kept) or its prefix is bad."""
+        tail = self._tail
+        pos = 0
+        if len(tail) < LENGTH_PREFIX:
+            pos = LENGTH_PREFIX - len(tail)
+            tail += data[:pos]
+            if len(tail) < LENGTH_PREFIX:
+                return -1
+            if not self._prefix_ok(_read_length(tail, 0)[0]):
+                tail.clear()
+                return -1
+        need = LENGTH_PREFIX + _read_length(tail, 0)[0] - len(tail)
+        if len(data) - pos < need:
+            tail += memoryview(data)[pos:]
+            return -1
+        tail += memoryview(data)[pos : pos + need]
+        self._frames.append(memoryview(bytes(tail))[LENGTH_PREFIX:])
+        tail.clear()
+        return pos + need
+
+    def _cut(self, data: bytes, pos: int) -> None:
+        """Cut the whole frames of ``data`` from ``pos`` on, checking every prefix; keep the
+        start of a frame that does not end in it."""
+        append = self._frames.append
+        view = memoryview(data)
+        end = len(data)
+        max_frame = self.max_frame
+        while pos + LENGTH_PREFIX <= end:
+            size = _read_length(data, pos)[0]
+            if size == 0 or size > max_frame:
+                self._prefix_ok(size)
+                return  # (and whatever followed it is dropped)
+            stop = pos + LENGTH_PREFIX + size
+            if stop > end:
+                break  # partial body, and its size is within the limit
+            append(view[pos + LENGTH_PREFIX : stop])
+            pos = stop
+        if pos < end:
+            self._tail += view[pos:]
+
+    def _prefix_ok(self, size: int) -> bool:
+        """Is ``size`` a body length we accept? If not, the error is due after the frames
+        cut so far."""
+        if 0 < size <= self.max_frame:
+            return True
+        if size == 0:
+            self._error = RemoteProtocolError(ErrorCode.BAD_FRAME, "zero-length frame")
+        else:
+            self._error = RemoteProtocolError(
+                ErrorCode.FRAME_TOO_LARGE,
+                f"frame of {size} bytes exceeds the limit of {self.max_frame} bytes",
+            )
+        return False
 
     def next_frame(self) -> bytes | None:
         """The next whole frame body, or None when more data is needed (or at a clean EOF)."""
-        if self._error is not None and self._start == self._error_at:
-            raise self._error
-        start = self._start
-        if start < self._scan:
-            data = self._data
-            start += LENGTH_PREFIX
-            end = start + _read_length(data, start - LENGTH_PREFIX)[0]
-            body = bytes(data[start:end])
-            self._start = end
-            if end == len(data) or end >= COMPACT_AT:  # (compacting is rarely due)
-                self._compact()
+        frames = self._frames
+        i = self._next
+        if i < len(frames):
+            body = frames[i].tobytes()
+            i += 1
+            if i == len(frames):
+                frames.clear()
+                i = 0
+            self._next = i
             return body
-        if self._eof and self._start < len(self._data):
-            self._error = RemoteProtocolError(
-                ErrorCode.BAD_FRAME,
-                f"connection closed mid-frame ({len(self._data) - self._start} bytes pending)",
-            )
-            self._error_at = self._start
-            raise self._error
+        self._no_frame()
         return None
 
-    def next_frames(self, limit: int = 0) -> list[bytes]:
+    def next_frames(self, limit: int = 0) -> list[memoryview]:
         """Every whole frame body there is now (at most ``limit`` when it is not 0), in
-        order: ``next_frame`` until None, in one call. An empty list when more data is
-        needed (or at a clean EOF); an error is raised as by ``next_frame``, once the bodies
-        before it have been returned."""
-        start = self._start
-        scan = self._scan
-        if start == scan:
-            body = self.next_frame()  # no whole frame: None, or the error that is due
-            return [] if body is None else [body]
-        bodies: list[bytes] = []
-        append = bodies.append
-        # Each body is copied once, out of a view (slicing the bytearray would copy it
-        # twice); the view is released before the buffer may change size again.
-        with memoryview(self._data) as data:
-            while start < scan:
-                if limit and len(bodies) == limit:
-                    break
-                body_start = start + LENGTH_PREFIX
-                start = body_start + _read_length(data, start)[0]
-                append(data[body_start:start].tobytes())
-        self._start = start
-        self._compact()
-        return bodies
+        order, as read-only views of the bytes read (see the module docstring): what
+        ``next_frame`` would return until None, in one call. An empty list when more data
+        is needed (or at a clean EOF); an error is raised as by ``next_frame``, once the
+        bodies before it have been returned."""
+        frames = self._frames
+        start = self._next
+        count = len(frames) - start
+        if not count:
+            self._no_frame()
+            return []
+        if limit and count > limit:
+            self._next = start + limit
+            return frames[start : start + limit]
+        self._frames = []
+        self._next = 0
+        return frames if not start else frames[start:]
 
-    def _check_prefixes(self) -> None:
-        """Advance ``_scan`` over whole frames, checking every prefix once."""
-        data = self._data
-        end = len(data)
-        scan = self._scan
-        max_frame = self.max_frame
-        while scan + LENGTH_PREFIX <= end:
-            size = _read_length(data, scan)[0]
-            if size == 0 or size > max_frame:
-                if size == 0:
-                    self._error = RemoteProtocolError(ErrorCode.BAD_FRAME, "zero-length frame")
-                else:
-                    self._error = RemoteProtocolError(
-                        ErrorCode.FRAME_TOO_LARGE,
-                        f"frame of {size} bytes exceeds the limit of {self.max_frame} bytes",
-                    )
-                self._error_at = scan
-                del data[scan:]  # drop the bad prefix and whatever followed it
-                break
-            if scan + LENGTH_PREFIX + size > end:
-                break  # partial body, and its size is within the limit
-            scan += LENGTH_PREFIX + size
-        self._scan = scan
-
-    def _compact(self) -> None:
-        """Drop the consumed front when that is free or amortised (see the module docstring)."""
-        start = self._start
-        if start == len(self._data):
-            self._data.clear()
-        elif start >= COMPACT_AT and 2 * start >= len(self._data):
-            del self._data[:start]
-        else:
-            return
-        self._start = 0
-        self._scan -= start
-        self._error_at -= start
+    def _no_frame(self) -> None:
+        """No whole frame is left: raise the error that is due, if any."""
+        if self._error is not None:
+            raise self._error
+        if self._eof and self._tail:
+            self._error = RemoteProtocolError(
+                ErrorCode.BAD_FRAME,
+                f"connection closed mid-frame ({len(self._tail)} bytes pending)",
+            )
+            self._tail.clear()
+            raise self._error

@@ -255,6 +255,8 @@ def plain_pub(wire: dict[str, Any]) -> PlainPub | Pub:
 
     A publisher sends hundreds of PUBs per read and most are plain: their frames (a new
     object and six slots, set one call each) would cost about as much as unpacking did.
+    ``Connection.next_events`` makes this function's commonest case (type, topic and
+    payload only) inline, and calls it for the rest.
     """
     topic = wire.get("topic")
     size = len(wire)
@@ -523,9 +525,10 @@ _MSG_ID_KEY: Final = _packb("msg_id")
 _HEADERS_KEY: Final = _packb("headers")
 _PAYLOAD_KEY: Final = _packb("payload")
 _RETAINED_TRUE: Final = _packb("retained") + _packb(True)
-#: msgpack str and bin headers for lengths below 256 (fixstr or str 8; bin 8).
-_STR_HEADS: Final = tuple(bytes((0xA0 | n,)) if n < 32 else bytes((0xD9, n)) for n in range(256))
+#: msgpack bin headers: for lengths below 256 (bin 8), then bin 16 and bin 32.
 _BIN_HEADS: Final = tuple(bytes((0xC4, n)) for n in range(256))
+_BIN16: Final = struct.Struct(">BH").pack
+_BIN32: Final = struct.Struct(">BI").pack
 
 
 def shared_fields(message: Message) -> tuple[bytes, int]:
@@ -542,22 +545,18 @@ def shared_fields(message: Message) -> tuple[bytes, int]:
         if size < 256:
             payload_head = _BIN_HEADS[size]
         elif size < 0x10000:
-            payload_head = b"\xc5" + size.to_bytes(2, "big")
+            payload_head = _BIN16(0xC5, size)
         else:
-            payload_head = b"\xc6" + size.to_bytes(4, "big")
+            payload_head = _BIN32(0xC6, size)
         headers = message.headers
-        topic = message.topic.encode()
-        msg_id = message.msg_id.encode()
         retained = message.from_retained
-        if headers is None and len(msg_id) < 256 and len(topic) < 256 and not retained:
+        if headers is None and not retained:  # (the packer's str form: as _packb gives it)
             message.encoded = b"".join(
                 (
                     _MSG_TYPE_TOPIC,
-                    _STR_HEADS[len(topic)],
-                    topic,
+                    _packb(message.topic),
                     _MSG_ID_KEY,
-                    _STR_HEADS[len(msg_id)],
-                    msg_id,
+                    _packb(message.msg_id),
                     _PAYLOAD_KEY,
                     payload_head,
                 )
@@ -648,14 +647,13 @@ def append_msg_run(
     sub_width = _SUB_WIDTH
     seq_width = _SEQ_WIDTH
     size = payload_bytes = 0
-    i = start
-    while i < end and size < budget:
+    for i in range(start, end):
         entry = entries[i]
-        if entry.__class__ is not tuple:
-            break
+        if entry.__class__ is not tuple or size >= budget:
+            return i, size, payload_bytes
         message, sub, seq = entry
         if message.routed_at:
-            break
+            return i, size, payload_bytes
         shared = message.encoded
         if shared is None:
             shared, fields = shared_fields(message)
@@ -664,14 +662,14 @@ def append_msg_run(
         pack, extra, sub_key, seq_key = heads[
             sub_width[sub.bit_length()] + seq_width[seq.bit_length()]
         ]
-        body = extra + len(shared) + message.size
+        length = message.size
+        body = extra + len(shared) + length
         if body > MAX_LENGTH:
             raise frame_too_large("MSG", body, MAX_LENGTH)
         parts += (pack(body, 0x82 + fields, sub_key, sub, seq_key, seq), shared, message.payload)
         size += body + 4
-        payload_bytes += message.size
-        i += 1
-    return i, size, payload_bytes
+        payload_bytes += length
+    return end, size, payload_bytes
 
 
 def encode_fwd(
