@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from broker.ha.journal import replay
 from broker.ha.link import (
     LinkAuthError,
     LinkError,
@@ -220,8 +221,10 @@ class Shipper:
     # -- the store's hooks ---------------------------------------------------------------------
 
     async def attach(self, store: Store) -> None:
-        """Ship ``store``'s batches from now on (its position read, its clock replaced)."""
-        position = await store.read(lambda backend: read_position(backend.conn))
+        """Ship ``store``'s batches from now on (its position read, its clock replaced).
+        Records this broker journaled as a standby and did not apply (it was killed, or
+        promoted and killed) are applied first: it acknowledged them."""
+        position = await store.read(partial(replay, directory=store.directory))
         if position == Position():
             # Never shipped: whatever the store holds is in no record, so no standby may
             # continue from it. A random origin for the chain makes every standby take a
