@@ -1,7 +1,7 @@
 """The standby's journal: records made durable before they are applied to its store.
 
 The standby acknowledges a record once it is durable on its disk. Writing it to a journal
-file (appended, then one ``fdatasync`` for every record that arrived together) makes it
+file (one write, then one ``fdatasync`` for every record that arrived together) makes it
 durable in a fraction of the time that running its works through SQLite takes, so the
 acknowledgement (and the primary's PUBACKs) no longer waits for that; the store applies the
 journal's records behind, in bigger transactions (``broker.ha.follower``). Whatever the
@@ -13,15 +13,20 @@ journal loses none of them.
 
 A frame is ``length (4 bytes, big-endian) || record || digest (16 bytes)``. Replaying
 checks each record as the link did (it follows the store's position: the next seq, the
-chained digest), so a frame torn by a crash in the middle of an append, or one left from an
-older chain, ends the replay there; none of those was acknowledged. The journal is emptied
-(truncated) when everything in it is in the store, and the store's commits are fsynced
-(``synchronous=FULL``) before that.
+chained digest), so a frame torn by a crash in the middle of a write, or one left from an
+older chain, ends the replay there; none of those was acknowledged.
+
+The file is written over, not truncated: once the store holds everything in it, the next
+records are written from its start again, over the old ones (the store's commits are
+fsynced, ``synchronous=FULL``, before that). Writing over blocks the file already has lets
+``fdatasync`` flush only data, no size or block map (half the time of an append here:
+~0.14 against ~0.33 ms). What lies past the newest frames is older frames, or part of one:
+their seqs go back (or they do not decode, or do not follow the chain), so a replay stops
+there. The file keeps the size of the most that was ever waiting to be applied.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator
 from functools import partial
@@ -56,54 +61,45 @@ _DIGEST = 16
 
 
 class Journal:
-    """The journal file, open for appending; its methods block (run them in a thread)."""
+    """The journal file, written from its start again once its records are applied; its
+    methods block (run them in a thread)."""
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / JOURNAL_FILENAME
         created = not self.path.exists()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
         if created:
             fsync_directory(str(directory))
-        self.size = os.fstat(self._fd).st_size
+        #: Where the next frame goes: the bytes before it hold the records not yet known to
+        #: be in the store. The owner opens the journal with everything in it applied.
+        self.size = 0
 
     def append(self, records: list[tuple[bytes, bytes]], *, empty_first: bool) -> None:
-        """Append ``records`` ((record, digest) pairs) and make them durable; with
-        ``empty_first`` the journal is emptied first (everything in it is in the store)."""
-        fd = self._fd
-        if empty_first and self.size:
-            os.ftruncate(fd, 0)
+        """Write ``records`` ((record, digest) pairs) after the last ones and make them
+        durable; with ``empty_first`` (the store holds everything written so far) from the
+        start of the file instead. A write the disk refuses raises ``OSError``: what it
+        took of it lies past ``size``, so the next append writes over it, and a replay
+        stops there (a torn frame)."""
+        if empty_first:
             self.size = 0
         data = b"".join(
             part
             for body, digest in records
             for part in (len(body).to_bytes(_LENGTH, "big"), body, digest)
         )
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fdatasync(fd)
-        except OSError:
-            # (the disk refused: take back what it took, so that no torn frame sits before
-            # the next append, and nothing of these records is acknowledged)
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, self.size)
-            raise
+        fd, view, written = self._fd, memoryview(data), 0
+        while written < len(data):
+            written += os.pwrite(fd, view[written:], self.size + written)
+        os.fdatasync(fd)
         self.size += len(data)
-
-    def empty(self) -> None:
-        """Truncate the journal (durably): the store holds everything in it."""
-        if self.size:
-            os.ftruncate(self._fd, 0)
-            os.fdatasync(self._fd)
-            self.size = 0
 
     def close(self) -> None:
         os.close(self._fd)
 
 
 def read_journal(path: Path) -> Iterator[tuple[bytes, bytes]]:
-    """The (record, digest) pairs in the journal at ``path``, up to a torn frame."""
+    """The (record, digest) pairs in the journal at ``path``, up to a frame cut short by
+    the file's end (a replay stops earlier, at the first one that does not follow)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -113,7 +109,7 @@ def read_journal(path: Path) -> Iterator[tuple[bytes, bytes]]:
         length = int.from_bytes(data[at : at + _LENGTH], "big")
         end = at + _LENGTH + length + _DIGEST
         if end > len(data):
-            return  # torn by a crash during the append: never acknowledged
+            return  # torn by a crash during the write: never acknowledged
         yield data[at + _LENGTH : end - _DIGEST], data[end - _DIGEST : end]
         at = end
 
@@ -153,17 +149,23 @@ def apply_records(backend: SqliteBackend, group: list[tuple[Position, list[Work]
 
 def replay(backend: SqliteBackend, directory: Path, group_size: int = 256) -> Position:
     """Apply what the journal in ``directory`` holds beyond the store's position (in
-    transactions of ``group_size`` records), then empty it; the store's new position. A
-    record that does not follow (torn, or of an older chain) ends the replay."""
+    transactions of ``group_size`` records); the store's new position, which then holds
+    everything the journal does. A record that does not follow (torn, of an older chain,
+    or older than the one before it) ends the replay."""
     position = read_position(backend.conn)
     path = directory / JOURNAL_FILENAME
     clock, backend.clock = backend.clock, BatchClock()  # rows stamped with each record's time
     try:
         group: list[tuple[Position, list[Work]]] = []
+        last = -1
         for body, digest in read_journal(path):
             try:
-                if decode_record(body)[1] <= position.seq:
-                    continue  # applied before the journal was last emptied
+                seq = decode_record(body)[1]
+                if seq <= last:
+                    break  # older frames, written over in part: past the newest ones
+                last = seq
+                if seq <= position.seq:
+                    continue  # in the store already
                 position, works = check_record(position, body, digest)
             except (RecordMismatch, ValueError):
                 break
@@ -175,10 +177,6 @@ def replay(backend: SqliteBackend, directory: Path, group_size: int = 256) -> Po
             apply_records(backend, group)
     finally:
         backend.clock = clock
-    if path.exists() and path.stat().st_size:
-        with path.open("rb+") as file:
-            file.truncate(0)
-            os.fdatasync(file.fileno())
     return position
 
 
