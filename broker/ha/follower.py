@@ -9,8 +9,16 @@ the standby disconnects, and the primary, finding a different digest at the stan
 sends a snapshot.
 
 Each arrival of records is appended to the journal (``broker.ha.journal``) with one
-``fdatasync``, and then ``ACK(seq)`` goes back: an acknowledged record survives a power loss
-of the standby. A second task, the applier, runs the journaled records through the same
+``fdatasync``, and then ``ACK(seq, withdraws)`` goes back: an acknowledged record survives a
+power loss of the standby. The primary sends each record before its own commit
+(``broker.ha.shipping``): a record is *pending* until the primary says it committed (the
+committed seq each ``RECORD`` carries, or ``COMMITTED``), and only then applied; a pending
+record the primary could not commit is withdrawn (``WITHDRAW``: taken out of the journal,
+our position moved back, ``withdraws`` counted, which each ACK names so the primary knows
+which ACKs are of records it still has). Stopping (promoted, or shut down), restarting and
+dialling again apply every journaled record, pending or not: the primary may have
+committed and confirmed it before it died. A second task, the applier, runs the committed
+journaled records through the same
 ``SqliteBackend`` methods the primary ran (``broker.ha.records``), with each record's time
 and dedupe-table pruning, up to ``MAX_RECORDS_PER_COMMIT`` records in ONE transaction ending
 with the new position (fsynced, ``synchronous=FULL``), so the acknowledgement does not wait
@@ -113,9 +121,20 @@ class FollowerCounters:
     divergences: int = 0  # records whose digest did not follow ours: a snapshot follows
     damaged_rebuilt: int = 0  # a store that failed to open, moved aside and rebuilt
     store_full: int = 0  # records or snapshots the disk refused (none acknowledged)
+    withdrawals: int = 0  # pending records the primary withdrew (its commit failed)
 
     def snapshot(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A journaled record not applied yet."""
+
+    position: Position
+    works: list[Work]
+    offset: int  # of its frame in the journal
+    before: Position  # the position it follows
 
 
 class Follower:
@@ -147,7 +166,9 @@ class Follower:
         self._journal: Journal | None = None
         self._limiter = trio.CapacityLimiter(1)  # the store's connection
         self._journal_limiter = trio.CapacityLimiter(1)  # the journal file
-        self._unapplied: deque[tuple[Position, list[Work]]] = deque()
+        self._unapplied: deque[_Pending] = deque()
+        self._committed = 0  # the primary's newest committed seq, as it told us
+        self._withdraws = 0  # WITHDRAWs processed on this connection (what ACKs name)
         self._arrived = trio.Event()  # set (and replaced) when records are journaled
         self._changed = trio.Event()  # set (and replaced) when records are applied
         #: The election (witness failover): told of the primary's frames, asked before ACKs.
@@ -277,11 +298,12 @@ class Follower:
 
     def _journal_records(
         self, position: Position, records: list[tuple[bytes, bytes]], empty_first: bool
-    ) -> list[tuple[Position, list[Work]]]:
+    ) -> list[_Pending]:
         """Check ``records`` ((body, digest) pairs) against ``position``, then journal them
         durably; each record's position and works."""
-        checked = []
+        checked: list[tuple[Position, Position, list[Work]]] = []
         for body, digest in records:
+            before = position
             try:
                 position, works = check_record(position, body, digest)
             except RecordMismatch as exc:
@@ -289,19 +311,22 @@ class Follower:
                 raise LinkError(str(exc)) from None
             except ValueError as exc:
                 raise LinkError(f"bad record from the primary: {exc}") from None
-            checked.append((position, works))
+            checked.append((position, before, works))
         assert self._journal is not None
         try:
-            self._journal.append(records, empty_first=empty_first)
+            offsets = self._journal.append(records, empty_first=empty_first)
         except OSError as exc:  # nothing of it kept (Journal.append), nothing acknowledged
             why = f"cannot journal records up to {checked[-1][0].seq}: {exc}"
             raise (StandbyFull(why) if exc.errno in _FULL_ERRNOS else LinkError(why)) from None
-        return checked
+        return [
+            _Pending(position, works, offset, before)
+            for (position, before, works), offset in zip(checked, offsets, strict=True)
+        ]
 
-    def _apply(self, group: list[tuple[Position, list[Work]]]) -> Position:
+    def _apply(self, group: list[_Pending]) -> Position:
         assert self._backend is not None
         try:
-            return apply_records(self._backend, group)
+            return apply_records(self._backend, [(p.position, p.works) for p in group])
         except StoreFull as exc:  # (the records stay in the journal)
             raise StandbyFull(str(exc)) from None
         except StoreError as exc:
@@ -339,6 +364,8 @@ class Follower:
         self.counters.connections += 1
         self.connected = True
         self._beat = 0
+        self._committed = p.seq
+        self._withdraws = 0
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeat, link)
@@ -347,16 +374,25 @@ class Follower:
         except BaseExceptionGroup as group:
             raise single_link_error(group) from None
 
+    def _ready(self) -> int:
+        """How many journaled records the primary committed (the first ones)."""
+        if not self._unapplied:
+            return 0
+        return max(
+            0, min(len(self._unapplied), self._committed - self._unapplied[0].position.seq + 1)
+        )
+
     async def _apply_loop(self, link: LinkStream) -> None:
-        """Apply journaled records to the store: once ``MAX_RECORDS_PER_COMMIT`` wait, or
-        ``APPLY_DELAY`` after the first of them arrived, all of them in one transaction."""
+        """Apply committed journaled records to the store: once ``MAX_RECORDS_PER_COMMIT``
+        wait, or ``APPLY_DELAY`` after the first of them was ready, all of them in one
+        transaction. Pending ones (the primary did not say it committed them) wait."""
         while True:
-            while not self._unapplied:
+            while not self._ready():
                 await self._arrived.wait()
             with trio.move_on_after(APPLY_DELAY):
-                while len(self._unapplied) < MAX_RECORDS_PER_COMMIT:
+                while self._ready() < MAX_RECORDS_PER_COMMIT:
                     await self._arrived.wait()
-            count = min(len(self._unapplied), MAX_RECORDS_PER_COMMIT)
+            count = min(self._ready(), MAX_RECORDS_PER_COMMIT)
             group = [self._unapplied.popleft() for _ in range(count)]
             try:
                 self.applied = await self._thread(self._apply, group)
@@ -374,13 +410,14 @@ class Follower:
             await self._ack(link)
 
     async def _ack(self, link: LinkStream) -> None:
-        """``ACK seq`` (with the election: ``ACK seq term beat``, and none while this
+        """``ACK seq withdraws`` (with the election: ``ACK seq withdraws term beat``, and
+        none while this
         standby is a candidate: the old primary must stop counting on it)."""
         gate = self.gate
         if gate is None:
-            await link.send(["ACK", self.position.seq])
+            await link.send(["ACK", self.position.seq, self._withdraws])
         elif gate.may_acknowledge():
-            await link.send(["ACK", self.position.seq, gate.term, self._beat])
+            await link.send(["ACK", self.position.seq, self._withdraws, gate.term, self._beat])
 
     def _contact(self, term: int) -> None:
         gate = self.gate
@@ -398,7 +435,7 @@ class Follower:
                     await self._ack(link)  # lasts failure_timeout from the BEAT's sending
                 continue
             if kind == "RECORD":
-                records = [_record(message)]
+                records = [self._record(message)]
                 while len(records) < MAX_RECORDS_PER_COMMIT:
                     more = link.receive_buffered()
                     if more is None:
@@ -406,16 +443,70 @@ class Follower:
                     if more[0] == "BEAT":  # (the ACK after the commit names it)
                         self._heard_beat(more)
                         continue
+                    if more[0] == "COMMITTED":
+                        self._heard_committed(more)
+                        continue
                     if more[0] != "RECORD":
                         await self._commit(link, records)
                         records = []
                         await self._other(link, more)
                         break
-                    records.append(_record(more))
+                    records.append(self._record(more))
                 if records:
                     await self._commit(link, records)
+            elif kind == "COMMITTED":
+                self._heard_committed(message)
             else:
                 await self._other(link, message)
+
+    def _record(self, message: list[Any]) -> tuple[bytes, bytes]:
+        """(body, digest) of a ``["RECORD", body, digest, committed]``; ``committed`` (the
+        primary's newest committed seq when it sent it) is noted."""
+        if (
+            len(message) != 4
+            or not isinstance(message[1], bytes)
+            or not isinstance(message[2], bytes)
+            or not isinstance(message[3], int)
+        ):
+            raise LinkError("RECORD is [body, digest, committed]")
+        self._mark(message[3])
+        return message[1], message[2]
+
+    def _heard_committed(self, message: list[Any]) -> None:
+        if len(message) != 2 or not isinstance(message[1], int):
+            raise LinkError("COMMITTED is [seq]")
+        self._mark(message[1])
+
+    def _mark(self, committed: int) -> None:
+        if committed > self._committed:
+            self._committed = committed
+            self._arrived.set()
+            self._arrived = trio.Event()
+
+    async def _withdraw(self, link: LinkStream, message: list[Any]) -> None:
+        """``["WITHDRAW", seq]``: the primary did not commit record ``seq`` (pending here):
+        it and any after it leave the journal, our position goes back to before it."""
+        if len(message) != 2 or not isinstance(message[1], int):
+            raise LinkError("WITHDRAW is [seq]")
+        seq = message[1]
+        index = next((i for i, p in enumerate(self._unapplied) if p.position.seq == seq), None)
+        if index is None or seq <= self._committed:
+            raise LinkError(f"WITHDRAW of seq {seq}, not pending here")
+        pending = self._unapplied[index]
+        assert self._journal is not None
+        try:
+            await trio.to_thread.run_sync(
+                self._journal.withdraw, pending.offset, limiter=self._journal_limiter
+            )
+        except OSError as exc:
+            raise LinkError(f"cannot withdraw record {seq} from the journal: {exc}") from None
+        while len(self._unapplied) > index:
+            self._unapplied.pop()
+        self.position = pending.before
+        self._withdraws += 1
+        self.counters.withdrawals += 1
+        log.info("record withdrawn by the primary", seq=seq)
+        await self._ack(link)
 
     def _heard_beat(self, message: list[Any]) -> None:
         if len(message) != 3 or not all(isinstance(v, int) for v in message[1:]):
@@ -443,7 +534,7 @@ class Follower:
         except StandbyFull as exc:
             await _tell_fault(link, str(exc))
             raise
-        self.position = checked[-1][0]
+        self.position = checked[-1].position
         self.counters.journal_syncs += 1
         self._unapplied.extend(checked)
         self._arrived.set()
@@ -451,6 +542,9 @@ class Follower:
         await self._ack(link)
 
     async def _other(self, link: LinkStream, message: list[Any]) -> None:
+        if message[0] == "WITHDRAW":
+            await self._withdraw(link, message)
+            return
         if message[0] != "SNAPSHOT" or len(message) != 2 or not isinstance(message[1], int):
             raise LinkError(f"unexpected {message[0]!r:.40} from the primary")
         size = message[1]
@@ -496,9 +590,3 @@ async def _tell_fault(link: LinkStream, why: str) -> None:
     link is being closed anyway)."""
     with trio.move_on_after(1.0), contextlib.suppress(LinkError):
         await link.send(["FAULT", why[:500]])
-
-
-def _record(message: list[Any]) -> tuple[bytes, bytes]:
-    if len(message) != 3 or not isinstance(message[1], bytes) or not isinstance(message[2], bytes):
-        raise LinkError("RECORD is [body, digest]")
-    return message[1], message[2]

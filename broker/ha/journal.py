@@ -14,7 +14,8 @@ journal loses none of them.
 A frame is ``length (4 bytes, big-endian) || record || digest (16 bytes)``. Replaying
 checks each record as the link did (it follows the store's position: the next seq, the
 chained digest), so a frame torn by a crash in the middle of a write, or one left from an
-older chain, ends the replay there; none of those was acknowledged.
+older chain, ends the replay there; none of those was acknowledged. A frame the primary
+withdrew (its commit failed there) has its length written over with 0: a replay stops there.
 
 The file is written over, not truncated: once the store holds everything in it, the next
 records are written from its start again, over the old ones (the store's commits are
@@ -74,14 +75,18 @@ class Journal:
         #: be in the store. The owner opens the journal with everything in it applied.
         self.size = 0
 
-    def append(self, records: list[tuple[bytes, bytes]], *, empty_first: bool) -> None:
+    def append(self, records: list[tuple[bytes, bytes]], *, empty_first: bool) -> list[int]:
         """Write ``records`` ((record, digest) pairs) after the last ones and make them
         durable; with ``empty_first`` (the store holds everything written so far) from the
         start of the file instead. A write the disk refuses raises ``OSError``: what it
         took of it lies past ``size``, so the next append writes over it, and a replay
-        stops there (a torn frame)."""
+        stops there (a torn frame). The offset of each record's frame (for ``withdraw``)."""
         if empty_first:
             self.size = 0
+        offsets, at = [], self.size
+        for body, _ in records:
+            offsets.append(at)
+            at += _LENGTH + len(body) + _DIGEST
         data = b"".join(
             part
             for body, digest in records
@@ -92,6 +97,16 @@ class Journal:
             written += os.pwrite(fd, view[written:], self.size + written)
         os.fdatasync(fd)
         self.size += len(data)
+        return offsets
+
+    def withdraw(self, offset: int) -> None:
+        """Take back the frames from ``offset`` on (records the primary did not commit):
+        the frame there gets a length of 0 (a record that does not decode, so a replay
+        stops before it), made durable, and the next append writes from there."""
+        if os.pwrite(self._fd, bytes(_LENGTH), offset) != _LENGTH:
+            raise OSError("short write of a journal withdrawal")
+        os.fdatasync(self._fd)
+        self.size = offset
 
     def close(self) -> None:
         os.close(self._fd)
