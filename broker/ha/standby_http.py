@@ -45,6 +45,7 @@ FOLLOWER_HELP: dict[str, str] = {
     "damaged_rebuilt": "Standby stores that failed to open, moved aside and rebuilt.",
     "tls_failures": "Replication connections whose TLS handshake failed.",
     "store_full": "Arrivals the standby's store refused (disk full): nothing acknowledged.",
+    "withdrawals": "Pending records the primary withdrew (its commit failed here): unjournaled.",
 }
 
 #: ``DoorCounters`` -> help, for ``topiary_ha_door_<name>_total``.
