@@ -86,6 +86,12 @@ APPLY_DELAY = 0.05
 MAX_UNAPPLIED = 1024
 #: Journal bytes past which it is emptied (after the applier caught up) rather than grown.
 JOURNAL_LIMIT = 64 << 20
+#: Journal bytes past which an arrival has the applier catch up at once (no APPLY_DELAY)
+#: and waits for it, so the journal is written from its start again. Under steady load a
+#: record is nearly always pending when the next arrives (its commit is learned from that
+#: very frame), so the store rarely holds all the journal has by itself: without this the
+#: file would grow to ``JOURNAL_LIMIT``, and a promotion would read all of it.
+JOURNAL_RESTART = 1 << 20
 RETRY_MIN, RETRY_MAX = 0.05, 1.0
 #: Seconds a TLS handshake with the primary may take.
 TLS_HANDSHAKE_TIMEOUT = 10.0
@@ -169,6 +175,8 @@ class Follower:
         self._unapplied: deque[_Pending] = deque()
         self._committed = 0  # the primary's newest committed seq, as it told us
         self._withdraws = 0  # WITHDRAWs processed on this connection (what ACKs name)
+        self._hurry = False  # an arrival waits for the applier: apply without APPLY_DELAY
+        self._gathering: trio.CancelScope | None = None  # the applier's APPLY_DELAY wait
         self._arrived = trio.Event()  # set (and replaced) when records are journaled
         self._changed = trio.Event()  # set (and replaced) when records are applied
         #: The election (witness failover): told of the primary's frames, asked before ACKs.
@@ -389,9 +397,11 @@ class Follower:
         while True:
             while not self._ready():
                 await self._arrived.wait()
-            with trio.move_on_after(APPLY_DELAY):
+            with trio.move_on_after(0 if self._hurry else APPLY_DELAY) as gathering:
+                self._gathering = gathering
                 while self._ready() < MAX_RECORDS_PER_COMMIT:
                     await self._arrived.wait()
+            self._gathering = None
             count = min(self._ready(), MAX_RECORDS_PER_COMMIT)
             group = [self._unapplied.popleft() for _ in range(count)]
             try:
@@ -522,6 +532,19 @@ class Follower:
             self._journal.size > JOURNAL_LIMIT and self.applied != self.position
         ):
             await self._changed.wait()  # the applier is behind: wait, then empty the journal
+        if (
+            self._journal.size > JOURNAL_RESTART
+            and self.applied != self.position
+            and self._committed >= self.position.seq
+        ):
+            self._hurry = True  # (the applier can reach our position: all of it committed)
+            if self._gathering is not None:
+                self._gathering.cancel()
+            try:
+                while self.applied != self.position:
+                    await self._changed.wait()
+            finally:
+                self._hurry = False
         empty_first = self.applied == self.position  # the store holds all the journal has
         try:
             checked = await trio.to_thread.run_sync(
