@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import trio
 
+from broker.ha import follower as follower_module
+from broker.ha.journal import JOURNAL_FILENAME
 from broker.ha.link import LinkStream, dial_link
 from broker.ha.records import decode_record
 from broker.store import StoreError
@@ -221,3 +223,20 @@ async def test_a_stale_ack_of_a_withdrawn_record_confirms_nothing(tmp_path: Path
                 await confirmed.wait()
         assert p.shipper.counters.confirms_alone == 1  # only "first"
         await link.aclose()
+
+
+async def test_under_load_the_journal_is_written_from_its_start_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record is nearly always pending when the next arrives: past JOURNAL_RESTART an
+    arrival has the applier catch up first, so the journal does not grow with the load."""
+    monkeypatch.setattr(follower_module, "JOURNAL_RESTART", 8 << 10)
+    async with pair(tmp_path) as p:
+        follower = await p.start_standby()
+        await p.in_sync()
+        for round_ in range(4):
+            await _load(p.store, f"r{round_}")
+        await _same(p)
+        journal = (p.standby_dir / JOURNAL_FILENAME).stat().st_size
+        assert follower.counters.bytes_received > 200 << 10
+        assert journal < 64 << 10, (journal, follower.counters.bytes_received)
