@@ -4,9 +4,10 @@ its running process (RLIMIT_FSIZE through prlimit, ``Node.fill_disk``: unprivile
 what SQLite then meets is a write the disk refuses, as with a full one).
 
 - The primary's disk full: each confirmed publish it cannot store is refused with
-  STORE_FULL, never confirmed; the broker goes on serving; once space is freed it writes
-  again; after a kill -9 of the primary the promoted standby holds exactly what was
-  confirmed (the refused ones were stored nowhere).
+  STORE_FULL, never confirmed; its record, sent to the standby before the commit, is
+  withdrawn and the standby stays in sync (not dropped, no snapshot); the broker goes on
+  serving; once space is freed it writes again; after a kill -9 of the primary the
+  promoted standby holds exactly what was confirmed (the refused ones were stored nowhere).
 - The standby's disk full: it acknowledges nothing it could not write; it tells the
   primary (FAULT), which drops it and confirms alone under its lease (docs/ha.md, "Disk
   full"); once space is freed it catches up, and after a kill -9 of the primary it holds
@@ -69,6 +70,7 @@ def test_a_primary_whose_disk_is_full_refuses_confirmed_publishes_and_confirms_n
         async with connect(a.address) as p, connect(a.address) as other:
             await p.publish("ha/t", "before", confirm=True)
             confirmed.add("before")
+            before = (await other.stats())["ha"]
             a.fill_disk()
             refused = None
             for i in range(TRIES):
@@ -91,6 +93,13 @@ def test_a_primary_whose_disk_is_full_refuses_confirmed_publishes_and_confirms_n
             a.free_disk()
             await p.publish("ha/t", "after", confirm=True)  # space again: stored, confirmed
             confirmed.add("after")
+            # The refused batches' records were withdrawn: the standby stayed, in sync,
+            # with no snapshot, and nothing was confirmed without it.
+            after = (await other.stats())["ha"]
+            assert after["records_discarded"] > before["records_discarded"]
+            for key in ("standby_dropped", "snapshots_sent", "confirms_alone"):
+                assert after[key] == before[key], key
+            assert after["in_sync"] == 1
         assert a.logged("store full: writes refused") >= 1
         assert a.logged("store writes again") >= 1
         await _fail_over(a, b)

@@ -15,7 +15,9 @@ import pytest
 import trio
 import trio.testing
 
+from broker.ha.journal import JOURNAL_FILENAME, Journal
 from broker.ha.records import Position, write_position
+from broker.ha.shipping import Shipper
 from broker.store import Store, StoreError
 from broker.store.schema import DB_FILENAME
 from broker.store.sqlite import SqliteBackend
@@ -262,3 +264,53 @@ async def test_a_primary_that_meets_a_standby_of_a_newer_term_refuses_writes(
             await p.store.create_session("late", None)
         assert await p.store.session("late") is None
         assert p.store.replication_statistics()["fenced"] == 1  # type: ignore[index]
+
+
+async def _journaled_but_not_applied(p: Pair) -> list[tuple[bytes, bytes]]:
+    """Stop the standby in sync, load the primary alone, and write those records into the
+    standby's journal as the standby would have before its ACKs: what a standby killed
+    before its applier ran holds."""
+    await p.start_standby()
+    await p.in_sync()
+    await _load(p.store, "one", count=5)
+    await p.caught_up()
+    await p.stop_standby()
+    await _load(p.store, "two", count=5)
+    backlog = p.shipper._backlog
+    since = p.follower.position.seq if p.follower is not None else 0
+    records = [(body, position.digest) for position, body in backlog if position.seq > since]
+    assert records
+    journal = Journal(p.standby_dir)
+    journal.append(records, empty_first=False)
+    journal.close()
+    return records
+
+
+async def test_records_journaled_but_not_applied_are_applied_when_the_standby_is_promoted(
+    tmp_path: Path,
+) -> None:
+    async with pair(tmp_path) as p:
+        await _journaled_but_not_applied(p)
+        primary = dump(p.primary_dir)
+        async with Store.open(p.standby_dir) as promoted:  # as _serve opens it, then ships
+            shipper = Shipper(term=2, secret=b"s")
+            await shipper.attach(promoted)
+            assert shipper.position == p.shipper.position
+        assert dump(p.standby_dir) == primary
+        async with Store.open(p.standby_dir) as again:  # applied once: nothing left to apply
+            await Shipper(term=2, secret=b"s").attach(again)
+        assert dump(p.standby_dir) == primary
+
+
+async def test_a_torn_journal_frame_ends_the_replay_and_the_standby_catches_up(
+    tmp_path: Path,
+) -> None:
+    async with pair(tmp_path) as p:
+        records = await _journaled_but_not_applied(p)
+        with (p.standby_dir / JOURNAL_FILENAME).open("ab") as file:
+            file.write(len(records[0][0]).to_bytes(4, "big") + records[0][0][:10])  # torn
+        follower = await p.start_standby()  # replays the journal, then follows
+        await p.in_sync()
+        assert follower.counters.snapshots_installed == 0  # continued from the journal
+        await _load(p.store, "three", count=5)
+        await _same(p)

@@ -14,9 +14,14 @@ the pair's own network.
 Handshake: standby -> ``["HELLO", version, nonce]``; primary -> ``["WELCOME", nonce]``;
 then, MAC'd, standby -> ``["POSITION", term, seq, digest]``. The primary then sends
 ``["SNAPSHOT", total_bytes]``, ``["CHUNK", bytes]``..., ``["SNAPSHOT_END"]`` when the
-standby cannot continue from where it is, and ``["RECORD", body, digest]`` for each record
-after it; the standby answers ``["ACK", seq]`` once records up to ``seq`` are durable.
-Either side may send ``["ERROR", text]`` before it closes.
+standby cannot continue from where it is, and ``["RECORD", body, digest, committed]`` for
+each record after it, sent before the primary's own commit of it (``committed``: the newest
+seq the primary had committed when it sent the frame); ``["COMMITTED", seq]`` when no record
+followed a commit for a few ms; ``["WITHDRAW", seq]`` when record ``seq`` (sent, not
+committed yet) failed to commit; ``["BEAT", term, n]`` every 0.1 s. The standby answers
+``["ACK", seq, withdraws]`` (with the election ``["ACK", seq, withdraws, term, beat]``) once
+records up to ``seq`` are durable, ``withdraws`` being the WITHDRAWs it had processed on this
+connection. Either side may send ``["ERROR", text]`` before it closes.
 """
 
 from __future__ import annotations
@@ -47,7 +52,10 @@ __all__ = [
 
 #: 2: records carry an append's arguments in Append's order, the chain is SHA-256 (a
 #: broker of version 1 is refused at the handshake, never fed records it would misread).
-VERSION = 2
+#: 3: records are sent before the primary's commit (RECORD carries the committed seq;
+#: COMMITTED, WITHDRAW; ACK carries the withdraws): a broker of version 2 would apply a
+#: record its primary then withdraws.
+VERSION = 3
 #: The largest frame: a batch of the store (at most 5,000 appends) or a snapshot chunk.
 MAX_LINK_FRAME = 64 << 20
 _LABEL = b"topiary-replication-1"

@@ -2,10 +2,26 @@
 
 The store's writer (``Store._run_batch``) calls ``prepare`` in its worker thread before the
 transaction (the batch's works described, the record encoded, the new position written by
-the batch's last work), ``adopt`` once it committed, then ``durable``: with ``sync`` that
-waits until the standby acknowledged the record (it acknowledges only what it has
-committed with fsync), so the PUBACKs waiting on the batch go out after both copies are
-durable. Outcomes are delivered in commit order, so waiting per batch keeps the order.
+the batch's last work), ``adopt`` once it committed (``discard`` when it did not), then
+``durable``: with ``sync`` that waits until the standby acknowledged the record (it
+acknowledges what is in its journal with fdatasync), so the PUBACKs waiting on the batch go
+out after both copies are durable. Outcomes are delivered in commit order, so waiting per
+batch keeps the order.
+
+**Shipped before the commit.** ``prepare`` hands the record to the sender (a thread-safe
+wake-up of the trio thread) before the primary's own transaction starts, so the standby
+journals it while the primary commits it: the two disks' fsyncs overlap instead of adding
+up. The batch is still confirmed only after both (``durable`` is called after the commit).
+Such a record is *pending* on the standby: it journals and acknowledges it, but applies it
+to its store only once the primary says it committed (``["COMMITTED", seq]``, or the
+committed seq that every ``RECORD`` frame carries). A transaction that fails after its
+record was sent is withdrawn (``["WITHDRAW", seq]``): the standby takes it out of its
+journal and goes on, in sync, without a snapshot. At most one record is pending at a time
+(the next batch is prepared after this one's outcome), so a withdrawn seq is always the
+newest, and the next record has the same seq with another digest. ACKs name the count of
+WITHDRAWs the standby had processed when it sent them: one that predates the newest
+withdraw (of the withdrawn record, maybe) counts for nothing, so no batch is confirmed on
+the ACK of another record.
 
 **In sync.** A standby counts once it has been sent every record there is (after a
 snapshot, if it needed one); from then on each batch waits for its ack. A standby that is
@@ -43,6 +59,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from broker.ha.journal import replay
 from broker.ha.link import (
     LinkAuthError,
     LinkError,
@@ -83,6 +100,9 @@ HANDSHAKE_TIMEOUT = 10.0
 BEAT_INTERVAL = 0.1
 #: BEATs remembered for the ACKs that name them.
 BEATS_KEPT = 256
+#: Seconds the sender waits for a next record (which carries the committed seq) before it
+#: tells the standby of a commit in a frame of its own (``COMMITTED``).
+MARK_DELAY = 0.005
 
 
 class WriteGate(Protocol):
@@ -102,6 +122,15 @@ HELP: dict[str, tuple[str, str]] = {
     "records": ("counter", "Store batches committed as replication records."),
     "record_bytes": ("counter", "Bytes of replication records committed."),
     "records_sent": ("counter", "Records sent to the standby."),
+    "records_discarded": (
+        "counter",
+        "Batches prepared (and maybe sent) whose transaction failed here (e.g. disk full).",
+    ),
+    "withdrawals_sent": (
+        "counter",
+        "Records the standby had been sent and was told to withdraw (WITHDRAW): their "
+        "commit failed here.",
+    ),
     "bytes_sent": ("counter", "Record and snapshot bytes sent to the standby."),
     "snapshots_sent": ("counter", "Snapshots sent to a new, lagging or diverged standby."),
     "standby_connections": ("counter", "Authenticated standby connections."),
@@ -134,6 +163,8 @@ class ShipperCounters:
     records: int = 0  # records committed (batches)
     record_bytes: int = 0
     records_sent: int = 0
+    records_discarded: int = 0  # batches prepared whose transaction failed (discard)
+    withdrawals_sent: int = 0  # WITHDRAW frames: a record sent, then not committed here
     bytes_sent: int = 0
     snapshots_sent: int = 0
     standby_connections: int = 0
@@ -152,6 +183,16 @@ class ShipperCounters:
 class _Prepared:
     position: Position
     body: bytes
+
+
+@dataclass(slots=True)
+class _Session:
+    """What one standby connection has been sent (touched only in the trio thread)."""
+
+    cursor: int  # the newest record sent (or, after a withdraw, the one before it)
+    told: int = 0  # the newest committed seq the standby was told
+    withdraw: int | None = None  # a WITHDRAW to send before anything else
+    withdraws: int = 0  # WITHDRAWs decided for this connection: what current ACKs name
 
 
 class Shipper:
@@ -177,6 +218,9 @@ class Shipper:
         self.clock = BatchClock()
         self.position = Position()
         self._store: Store | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._top = Position()  # the newest record shipped (committed, or pending)
+        self._session: _Session | None = None  # the standby connection records go to
         self._base = Position()  # the position before the backlog's first record
         self._origin = Position()  # the position at ``attach``
         self._backlog: deque[tuple[Position, bytes]] = deque()
@@ -197,15 +241,16 @@ class Shipper:
 
     def statistics(self) -> dict[str, int | float]:
         """Counters and gauges for STATS and /metrics (``HELP`` says what each is)."""
-        acked = self._acked if self._standby is not None else self.position.seq
-        behind = [body for position, body in self._backlog if position.seq > acked]
+        seq = self.position.seq
+        acked = min(self._acked, seq) if self._standby is not None else seq
+        behind = [body for position, body in self._backlog if acked < position.seq <= seq]
         heard = self.last_contact
         return {
             **self.counters.snapshot(),
             "term": self.term,
-            "seq": self.position.seq,
+            "seq": seq,
             "standby_acked_seq": acked if self._standby is not None else 0,
-            "lag_records": self.position.seq - acked if self._standby is not None else 0,
+            "lag_records": seq - acked if self._standby is not None else 0,
             "lag_bytes": sum(len(body) for body in behind),
             "in_sync": int(self._in_sync),
             "fenced": int(self.fenced is not None),
@@ -220,21 +265,26 @@ class Shipper:
     # -- the store's hooks ---------------------------------------------------------------------
 
     async def attach(self, store: Store) -> None:
-        """Ship ``store``'s batches from now on (its position read, its clock replaced)."""
-        position = await store.read(lambda backend: read_position(backend.conn))
+        """Ship ``store``'s batches from now on (its position read, its clock replaced).
+        Records this broker journaled as a standby and did not apply (it was killed, or
+        promoted and killed) are applied first: it acknowledged them."""
+        position = await store.read(partial(replay, directory=store.directory))
         if position == Position():
             # Never shipped: whatever the store holds is in no record, so no standby may
             # continue from it. A random origin for the chain makes every standby take a
             # snapshot first (it is stored with the first batch).
             position = Position(self.term, 0, os.urandom(len(GENESIS)))
-        self.position = self._base = self._origin = position
+        self.position = self._base = self._origin = self._top = position
         self._store = store
+        self._token = trio.lowlevel.current_trio_token()
         store.attach_replication(self, self.clock)
 
     def prepare(self, works: list[Work]) -> _Prepared:
         """In the writer's worker thread, before the batch: describe it and append the
         work that stores the new position in the same transaction. A fenced primary raises
-        ``StoreError`` (the store fails the batch: nothing is confirmed)."""
+        ``StoreError`` (the store fails the batch: nothing is confirmed). The record goes to
+        the sender at once (``_ship`` in the trio thread, queued before the store hears the
+        transaction's outcome): the standby journals it while we commit."""
         if self.fenced is not None:
             raise StoreError(f"not stored: {self.fenced}")
         self.clock.now = time.time()
@@ -242,18 +292,59 @@ class Shipper:
         body = encode_record(self.term, seq, self.clock.now, describe_all(works))
         position = Position(self.term, seq, chain(self.position.digest, body))
         works.append(partial(write_position, position))
-        return _Prepared(position, body)
+        prepared = _Prepared(position, body)
+        assert self._token is not None
+        self._token.run_sync_soon(self._ship, prepared)
+        return prepared
 
-    def adopt(self, prepared: _Prepared) -> None:
-        """The batch committed: it is the newest record."""
-        self.position = prepared.position
+    def _ship(self, prepared: _Prepared) -> None:
+        """The record joins the backlog (the sender's queue), pending until ``adopt``."""
+        if prepared.position == self._top:
+            return  # (adopt came first)
+        if self._top != self.position:
+            # A pending record neither adopted nor discarded (its batch raised): not ours.
+            self._withdraw_top()
+        self._top = prepared.position
         self._backlog.append((prepared.position, prepared.body))
         self._backlog_size += len(prepared.body)
-        self.counters.records += 1
-        self.counters.record_bytes += len(prepared.body)
         while self._backlog_size > self.backlog_bytes and len(self._backlog) > 1:
             self._base, body = self._backlog.popleft()
             self._backlog_size -= len(body)
+        self._wake()
+
+    def adopt(self, prepared: _Prepared) -> None:
+        """The batch committed: it is the newest record (the standby is told so)."""
+        self._ship(prepared)
+        self.position = prepared.position
+        self.counters.records += 1
+        self.counters.record_bytes += len(prepared.body)
+        self._wake()
+
+    def discard(self, prepared: _Prepared) -> None:
+        """The batch's transaction failed: its record is withdrawn (from the standby too,
+        if it was sent), and the standby stays."""
+        self.counters.records_discarded += 1
+        if self._top == prepared.position:
+            self._withdraw_top()
+            self._wake()
+
+    def _withdraw_top(self) -> None:
+        """Take the pending record off the backlog; a standby that was sent it gets a
+        WITHDRAW before anything else, and its ACKs sent before it processes that one
+        count for nothing from now on (``_Session.withdraws``)."""
+        position, body = self._backlog.pop()
+        self._backlog_size -= len(body)
+        self._top = self.position
+        session = self._session
+        if session is not None and session.cursor >= position.seq:
+            session.cursor = position.seq - 1
+            session.withdraw = position.seq
+            session.withdraws += 1
+            if self._acked >= position.seq:
+                self._acked = position.seq - 1
+                self._acks_changed()
+
+    def _wake(self) -> None:
         self._grew.set()
         self._grew = trio.Event()
 
@@ -368,8 +459,8 @@ class Shipper:
         """Whether the backlog continues ``theirs`` (same seq, same digest)."""
         if theirs.seq == self._base.seq:
             return theirs.digest == self._base.digest
-        if theirs.seq == self.position.seq:
-            return theirs.digest == self.position.digest
+        if theirs.seq == self._top.seq:
+            return theirs.digest == self._top.digest
         index = theirs.seq - self._base.seq - 1
         return 0 <= index < len(self._backlog) and self._backlog[index][0].digest == theirs.digest
 
@@ -381,29 +472,53 @@ class Shipper:
             log.info("sending a snapshot", standby_seq=theirs.seq, why=why)
             cursor = await self._send_snapshot(link)
         self._acked = cursor
+        session = _Session(cursor, told=min(cursor, self.position.seq))
+        self._session = session
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._receive_acks, link)
+                nursery.start_soon(self._receive_acks, link, session)
                 nursery.start_soon(self._send_beats, link)
-                await self._send_records(link, cursor)
+                await self._send_records(link, session)
         except BaseExceptionGroup as group:
             raise single_link_error(group) from None
+        finally:
+            if self._session is session:
+                self._session = None
 
-    async def _send_records(self, link: LinkStream, cursor: int) -> None:
-        """Every record after ``cursor``, as they come, until the link fails."""
+    async def _send_records(self, link: LinkStream, session: _Session) -> None:
+        """Every record after the session's cursor, as they come (a WITHDRAW first when
+        one is due; a COMMITTED when no record followed a commit for ``MARK_DELAY``),
+        until the link fails. ``session.cursor`` moves before each send: a ``discard``
+        meanwhile sees the record as sent."""
         while True:
+            if session.withdraw is not None:
+                seq, session.withdraw = session.withdraw, None
+                self.counters.withdrawals_sent += 1
+                log.info("record withdrawn from the standby", seq=seq)
+                await link.send(["WITHDRAW", seq])
+                continue
+            cursor = session.cursor
             if cursor < self._base.seq:
                 raise LinkError(f"the standby fell out of the backlog (at seq {cursor})")
-            if cursor >= self.position.seq:
+            if cursor >= self._top.seq:
                 if not self._in_sync:
                     self._in_sync = True
                     self._acks_changed()
                     log.info("standby in sync", seq=cursor)
+                if session.told < min(cursor, self.position.seq):
+                    # A record to come would carry the committed seq: wait a little for one.
+                    with trio.move_on_after(MARK_DELAY) as waiting:
+                        await self._grew.wait()
+                    if waiting.cancelled_caught:
+                        session.told = min(session.cursor, self.position.seq)
+                        await link.send(["COMMITTED", session.told])
+                    continue
                 await self._grew.wait()
                 continue
             position, body = self._backlog[cursor - self._base.seq]
-            await link.send(["RECORD", body, position.digest])
-            cursor = position.seq
+            session.cursor = position.seq
+            session.told = self.position.seq
+            await link.send(["RECORD", body, position.digest, session.told])
             self.counters.records_sent += 1
             self.counters.bytes_sent += len(body)
 
@@ -424,7 +539,11 @@ class Shipper:
                 break
         return None
 
-    async def _receive_acks(self, link: LinkStream) -> None:
+    async def _receive_acks(self, link: LinkStream, session: _Session) -> None:
+        """``["ACK", seq, withdraws]`` (with the election ``["ACK", seq, withdraws, term,
+        beat]``): records up to ``seq`` are durable on the standby, which had processed
+        ``withdraws`` WITHDRAWs of this connection. Fewer than we decided: it may name a
+        withdrawn record, so its seq counts for nothing (its term and beat still do)."""
         while True:
             with trio.move_on_after(self.ack_timeout) as waiting:
                 message = await link.receive()
@@ -437,20 +556,25 @@ class Shipper:
                 raise LinkError(f"the standby cannot store the records: {why:.500}")
             if (
                 message[0] != "ACK"
-                or len(message) not in (2, 4)
+                or len(message) not in (3, 5)
                 or not all(isinstance(value, int) for value in message[1:])
             ):
                 raise LinkError(f"expected ACK, got {message[0]!r:.40}")
-            if len(message) == 4 and self.gate is not None:  # ACK seq term beat
-                if message[2] > self.term:
-                    self.gate.on_partner_term(message[2])
-                sent_at = self._beat_sent_at(message[3])
+            if len(message) == 5 and self.gate is not None:  # ACK seq withdraws term beat
+                if message[3] > self.term:
+                    self.gate.on_partner_term(message[3])
+                sent_at = self._beat_sent_at(message[4])
                 if sent_at is not None:
-                    self.gate.on_standby_ack(message[2], sent_at)
-            if message[1] > self.position.seq:
-                raise LinkError(f"ACK of seq {message[1]} that was never sent")
-            if message[1] > self._acked:
-                self._acked = message[1]
+                    self.gate.on_standby_ack(message[3], sent_at)
+            seq, withdraws = message[1], message[2]
+            if withdraws > session.withdraws:
+                raise LinkError(f"ACK after {withdraws} withdraws, we sent {session.withdraws}")
+            if withdraws < session.withdraws:
+                continue  # sent before our newest WITHDRAW reached the standby
+            if seq > session.cursor:
+                raise LinkError(f"ACK of seq {seq} that was never sent")
+            if seq > self._acked:
+                self._acked = seq
                 self._acks_changed()
 
     async def _send_snapshot(self, link: LinkStream) -> int:

@@ -37,13 +37,15 @@ FOLLOWER_HELP: dict[str, str] = {
     "connections": "Replication sessions with the primary that got past the handshake.",
     "link_failures": "Replication connections that failed or ended (the standby dials again).",
     "records_applied": "Replication records applied to the standby's store.",
-    "commits": "Standby store transactions (one per arrival of records).",
+    "commits": "Standby store transactions (each applies the records journaled meanwhile).",
+    "journal_syncs": "Journal appends (one fdatasync each) acknowledged to the primary.",
     "bytes_received": "Record and snapshot bytes received from the primary.",
     "snapshots_installed": "Snapshots installed (new, lagging or diverged standby).",
     "divergences": "Records whose digest did not follow the standby's chain (a snapshot follows).",
     "damaged_rebuilt": "Standby stores that failed to open, moved aside and rebuilt.",
     "tls_failures": "Replication connections whose TLS handshake failed.",
     "store_full": "Arrivals the standby's store refused (disk full): nothing acknowledged.",
+    "withdrawals": "Pending records the primary withdrew (its commit failed here): unjournaled.",
 }
 
 #: ``DoorCounters`` -> help, for ``topiary_ha_door_<name>_total``.

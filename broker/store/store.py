@@ -66,6 +66,8 @@ class Replication(Protocol):
 
     def adopt(self, record: Any) -> None: ...
 
+    def discard(self, record: Any) -> None: ...
+
     async def durable(self, record: Any) -> str | None: ...
 
     def statistics(self) -> dict[str, int | float]: ...
@@ -237,6 +239,8 @@ class Store:
         self.commit_seconds.observe(elapsed)
         self._db_size = size
         self._rows = rows
+        if replication is not None and record is not None and not committed:
+            replication.discard(record)  # prepared (maybe sent), not in our store
         if replication is not None and committed:
             # No checkpoint before adopt: the record is the newest before anyone can look.
             replication.adopt(record)
@@ -271,8 +275,9 @@ class Store:
     def attach_replication(self, replication: Replication, clock: Callable[[], float]) -> None:
         """Give every later batch to ``replication`` (``prepare`` in the worker thread before
         the transaction, ``adopt`` and ``durable`` after the commit, before the batch's
-        outcomes are delivered); ``clock`` stamps the batch's rows (one time per batch, which
-        the record carries, so a standby stores the same values)."""
+        outcomes are delivered, ``discard`` instead when the transaction failed); ``clock``
+        stamps the batch's rows (one time per batch, which the record carries, so a standby
+        stores the same values)."""
         self._backend.clock = clock
         self._replication = replication
 
