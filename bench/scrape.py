@@ -128,13 +128,13 @@ class MetricsClient:
 async def _scrape_loop(
     client: MetricsClient, interval: float, records: list[dict[str, Any]], last: list[bytes]
 ) -> None:
-    """GET /metrics on an absolute schedule; each scrape's figures into ``records``, the
-    latest good body as ``last[0]``."""
+    """GET /metrics on an absolute schedule; each finished scrape's figures into
+    ``records`` (one cancelled in flight, when the coordinator says "enough", is not one),
+    the latest good body as ``last[0]``."""
     start = trio.current_time()
     for index in range(sys.maxsize):
         await trio.sleep_until(start + index * interval)
         record: dict[str, Any] = {"at_ns": time.monotonic_ns(), "status": None, "bytes": 0}
-        records.append(record)
         began = time.perf_counter()
         try:
             with trio.fail_after(SCRAPE_TIMEOUT):
@@ -146,6 +146,7 @@ async def _scrape_loop(
             record["error"] = f"{type(exc).__name__}: {exc}"
             await client.close()
         record["seconds"] = time.perf_counter() - began
+        records.append(record)
 
 
 async def _until_serving(client: MetricsClient, timeout: float) -> None:
