@@ -510,7 +510,9 @@ class Follower:
             )
         except OSError as exc:
             raise LinkError(f"cannot withdraw record {seq} from the journal: {exc}") from None
-        while len(self._unapplied) > index:
+        # (not by ``index``: the applier may have taken committed records off the front
+        # while the journal was written; it never takes this one, which is not committed)
+        while self._unapplied and self._unapplied[-1].position.seq >= seq:
             self._unapplied.pop()
         self.position = pending.before
         self._withdraws += 1
