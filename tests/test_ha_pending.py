@@ -68,10 +68,9 @@ async def test_a_record_is_journaled_on_the_standby_before_the_primary_commits_i
             nursery.start_soon(p.store.create_session, "early", None)
             with trio.fail_after(10):
                 await trio.to_thread.run_sync(began.wait)  # the primary's BEGIN waits
-                while follower.position.seq < seq + 1:  # yet the standby journaled it
-                    await trio.sleep(0.005)
-            await trio.sleep(0.2)  # (more than the applier's delay)
-            assert follower.applied.seq == seq  # pending: not in its store
+                await follower.wait_journaled(seq + 1)  # yet the standby journaled it
+            assert follower._ready() == 0  # pending: nothing the applier may take
+            assert follower.applied.seq == seq  # not in its store
             go.set()
         assert (await p.store.session("early")) is not None
         await p.caught_up()  # COMMITTED: applied
@@ -98,8 +97,7 @@ async def test_a_withdrawn_record_never_reaches_the_standby_store_and_the_pair_s
         async with trio.open_nursery() as nursery:
             nursery.start_soon(refused)
             with trio.fail_after(10):
-                while follower.position.seq < seq + 1:  # journaled and acknowledged
-                    await trio.sleep(0.005)
+                await follower.wait_journaled(seq + 1)  # journaled and acknowledged
             go.set()
         with trio.fail_after(10):
             while follower.counters.withdrawals < 1:
@@ -133,8 +131,7 @@ async def test_a_withdrawn_record_then_more_load_leaves_both_stores_equal(tmp_pa
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(partial(_refused_session, p, f"lost-{round_}"))
                 with trio.fail_after(10):
-                    while follower.position.seq < seq + 1:
-                        await trio.sleep(0.005)
+                    await follower.wait_journaled(seq + 1)
                 go.set()
             await _load(p.store, f"r{round_}", count=5)
         await _same(p)
@@ -159,8 +156,7 @@ async def test_records_pending_on_a_stopped_standby_are_applied(tmp_path: Path) 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(p.store.create_session, "pending", None)
             with trio.fail_after(10):
-                while follower.position.seq < seq + 1:
-                    await trio.sleep(0.005)
+                await follower.wait_journaled(seq + 1)
             assert follower.applied.seq == seq
             await p.stop_standby()  # the primary is still inside its transaction
             assert "pending" in _sessions(p)
@@ -214,8 +210,12 @@ async def test_a_stale_ack_of_a_withdrawn_record_confirms_nothing(tmp_path: Path
             nursery.start_soon(second)
             record = await _next(link, "RECORD")
             assert decode_record(record[1])[1] == seq  # the same seq, another record
+            heard = p.shipper.last_contact
             await link.send(["ACK", seq, 0])  # stale: of the withdrawn one
-            await trio.sleep(0.3)
+            with trio.fail_after(10):
+                while p.shipper.last_contact == heard:  # (the primary read it)
+                    await trio.sleep(0.005)
+            assert p.shipper._acked < seq  # taken for nothing
             assert not confirmed.is_set()
             assert p.shipper.in_sync  # waited for, not dropped
             await link.send(["ACK", seq, 1])  # after the WITHDRAW: of this one

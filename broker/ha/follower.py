@@ -188,6 +188,11 @@ class Follower:
         while self.applied.seq < seq:
             await self._changed.wait()
 
+    async def wait_journaled(self, seq: int) -> None:
+        """Return once records up to ``seq`` are in the journal, acknowledged (for tests)."""
+        while self.position.seq < seq:
+            await self._arrived.wait()
+
     async def run(
         self, host: str, port: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
