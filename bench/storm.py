@@ -9,7 +9,9 @@ subscription changes on one connection delay everybody else's messages? Run on t
 when installed (``apt-get install mosquitto nats-server``), on Mosquitto and nats-server,
 with the same Python clients (bench/harness/clients: one trio shell, one lean codec per
 protocol) and the same process layout, one fresh broker per kind (bench/harness/peers.py
-says how each is configured), one table with the brokers side by side.
+says how each is configured), one table with the brokers side by side. ``--brokers`` also
+takes ``relay-trio`` and ``relay-epoll`` (bench/harness/relay.py): not brokers, the least a
+Python process does per message, to show the floor of the latency goals on this machine.
 
 Parties, each a process of its own (spawn), coordinated through pipes by this script:
 
@@ -726,16 +728,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--brokers",
         default=",".join(peers.KINDS),
         help="comma-separated broker kinds (default: %(default)s; missing ones are reported "
-        "as not installed)",
+        "as not installed; relay-trio and relay-epoll: the reference relays)",
     )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     parser.add_argument("--log-dir", help="keep the brokers' logs here (default: removed)")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.brokers.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(peers.KINDS))
+    known = (*peers.KINDS, *peers.RELAY_KINDS)  # the relays: the floor of a Python process
+    unknown = sorted(set(kinds) - set(known))
     if unknown or not kinds:
-        parser.error(f"unknown brokers {unknown}; known: {', '.join(peers.KINDS)}")
-    args.kinds = [k for k in peers.KINDS if k in kinds]
+        parser.error(f"unknown brokers {unknown}; known: {', '.join(known)}")
+    args.kinds = [k for k in known if k in kinds]
     for name in ("rate", "storm_filters"):
         value = getattr(args, name)
         if value is not None and value < 1:

@@ -58,3 +58,36 @@ def test_a_relay_delivers_once_per_matching_connection(kind: str, tmp_path: Path
     assert wide == [("a/b", b"one")]
     assert both == [("a/b", b"one")]  # once, though two of its filters match
     assert stopped["exit_status"] == 0 and stopped["killed"] is False
+
+
+async def _unsubscribed(port: int) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+    """A connection subscribes ``a/>`` and ``a/b``, then unsubscribes both (the storm
+    connection's ``unsubscribe_all``); another keeps ``a/b``: what each reads of ``a/b``
+    published after that."""
+    with trio.fail_after(20):
+        gone = await LeanClient.connect("native", port, "gone")
+        kept = await LeanClient.connect("native", port, "kept")
+        pub = await LeanClient.connect("native", port, "pub")
+        try:
+            await gone.subscribe(["a/>", "a/b"])
+            await kept.subscribe(["a/b"])
+            timing = await gone.unsubscribe_all()
+            assert timing.count == 2 and timing.refused == 0
+            pub.publish("a/b", b"after")
+            await pub.flush()
+            await _until_pong(pub)  # the relay has handled the publish
+            return await _until_pong(gone), await _until_pong(kept)
+        finally:
+            for client in (gone, kept, pub):
+                await client.aclose()
+
+
+@pytest.mark.parametrize("kind", peers.RELAY_KINDS)
+def test_a_relay_stops_delivering_what_a_connection_unsubscribed(kind: str, tmp_path: Path) -> None:
+    relay = peers.start(kind, tmp_path, kind)
+    try:
+        gone, kept = trio.run(_unsubscribed, relay.port)
+    finally:
+        peers.stop(relay)
+    assert gone == []
+    assert kept == [("a/b", b"after")]  # another connection's same filter is untouched

@@ -3,7 +3,8 @@
     python -m bench.harness.relay {trio|epoll} PORT
 
 Not brokers: they speak just enough of topiary's native protocol for the benchmark clients
-(bench/harness/clients: HELLO -> WELCOME, SUB -> SUBACK, PING -> PONG, PUB -> MSG to every
+(bench/harness/clients: HELLO -> WELCOME, SUB -> SUBACK, UNSUB -> UNSUBACK (bench/storm.py's
+storm connection), PING -> PONG, PUB -> MSG to every
 connection with a matching filter, once per connection, routed by ``routing``'s
 ``SubscriptionTable``), with no queue limits, no checks beyond the framing, no counters,
 no sessions and no keepalive. What one read brings is written with one send per
@@ -36,7 +37,7 @@ import trio
 
 import routing
 from bench.harness.clients.native import frame_bytes
-from broker.wire.frames import Pong, SubAck, Welcome
+from broker.wire.frames import Pong, SubAck, UnsubAck, Welcome
 
 HOST: Final = "127.0.0.1"
 RECEIVE_SIZE: Final = 256 * 1024
@@ -47,13 +48,15 @@ _packb: Final = msgpack.packb
 class Peer:
     """One connection: its socket's descriptor, what the current read owes it, unread bytes."""
 
-    __slots__ = ("__weakref__", "buf", "fd", "out", "subs", "unsent")
+    __slots__ = ("__weakref__", "buf", "fd", "filters", "out", "subs", "unsent", "uses")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.out: list[bytes] = []
         self.buf = bytearray()
         self.subs = 0
+        self.filters: dict[int, str] = {}  # sub id -> filter text, for UNSUB
+        self.uses: dict[str, int] = {}  # filter text -> its sub ids here
         self.unsent = b""  # (epoll) the rest of a write the socket did not take
 
 
@@ -90,8 +93,19 @@ class Relay:
                 continue
             if kind == "SUB":
                 peer.subs += 1
-                self.table.add(wire["filter"], peer)
+                text = peer.filters[peer.subs] = wire["filter"]
+                peer.uses[text] = peer.uses.get(text, 0) + 1
+                self.table.add(text, peer)
                 reply = frame_bytes(SubAck(id=wire["id"], sub=peer.subs))
+            elif kind == "UNSUB":
+                text = peer.filters.pop(wire["sub"], None)
+                if text is not None:
+                    left = peer.uses.pop(text) - 1
+                    if left:
+                        peer.uses[text] = left
+                    else:
+                        self.table.remove(text, peer)
+                reply = frame_bytes(UnsubAck(id=wire["id"]))
             elif kind == "PING":
                 reply = frame_bytes(Pong(id=wire.get("id", 0)))
             elif kind == "HELLO":
@@ -104,7 +118,7 @@ class Relay:
                 )
                 reply = frame_bytes(welcome)
             else:
-                continue  # (UNSUB and the rest: the benchmarks' latency runs send none)
+                continue  # (the rest: the benchmarks send none)
             if not peer.out:
                 touched.append(peer)
             peer.out.append(reply)
