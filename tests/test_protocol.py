@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from broker.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, render_error_table
 from broker.wire import frames
+from broker.wire.buffer import add_length_prefix
 from broker.wire.codec import decode_frame, encode_frame, plain_pub
 from broker.wire.connection import NEED_DATA, Connection, ConnectionClosed, Role, State
 from broker.wire.states import RECEIVE, SEND, render_state_table
@@ -346,6 +347,85 @@ def test_with_plain_pubs_each_pub_comes_as_plain_pub_makes_it_whatever_the_chunk
     assert got == expected
     maps = [event for event, want in zip(got, expected, strict=True) if want.__class__ is dict]
     assert all(event.__class__ is dict for event in maps)
+
+
+#: Bodies a server may get between plain PUBs: requests of each kind (valid and refused), and
+#: bodies that are not a frame at all.
+MIXED_BODIES = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "type": st.just("PUB"),
+            "topic": st.sampled_from(["a/b", "x/y/z"]),
+            "payload": st.binary(max_size=4),
+        }
+    ).map(wire),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("SUB"),
+            "id": st.integers(0, 9),
+            "filter": st.sampled_from(["a/*", "a/>/b", "x/>"]),
+        }
+    ).map(wire),
+    st.fixed_dictionaries(
+        {"type": st.just("UNSUB"), "id": st.integers(0, 9), "sub": st.integers(-1, 9)}
+    ).map(wire),
+    st.integers(0, 9).map(lambda rid: framed(frames.Ping(id=rid))),
+    st.sampled_from([b"\xc1", msgpack.packb([1, 2]), msgpack.packb({"type": 7})]).map(
+        add_length_prefix
+    ),
+)
+
+
+def _as_compared(event: Any) -> Any:
+    """A plain PUB's map and the same PUB's frame compare alike; an error by what it says."""
+    if event.__class__ is dict:
+        return ("PUB", event["topic"], bytes(event["payload"]))
+    if isinstance(event, frames.Pub):
+        return ("PUB", event.topic, event.payload)
+    if isinstance(event, RemoteProtocolError):
+        return (event.code, event.ref, event.closes_connection)
+    return event
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bodies=st.lists(MIXED_BODIES, max_size=8),
+    plain=st.booleans(),
+    limit=st.sampled_from([0, 1, 3]),
+    data=st.data(),
+)
+def test_a_mixed_stream_gives_the_events_of_one_next_event_per_frame(
+    bodies: list[bytes], plain: bool, limit: int, data: st.DataObject
+) -> None:
+    """``next_events`` unpacks each body once: with ``plain_pubs`` it reuses the map its
+    plain-PUB loop unpacked at the first body that is not a plain PUB. Whatever follows (a
+    SUB, an UNSUB, a PING, a body that is not a frame) comes out as ``next_event`` makes it,
+    however the bytes arrive."""
+    stream = b"".join(bodies)
+    reference = open_server()
+    if stream:  # (b"" would be the end of the stream)
+        reference.receive_data(stream)
+    expected: list[Any] = []
+    for _ in range(100):
+        try:
+            event = reference.next_event()
+        except RemoteProtocolError as exc:
+            expected.append(_as_compared(exc))
+            if exc.closes_connection:
+                break
+            continue
+        if event is NEED_DATA:
+            break
+        expected.append(_as_compared(event))
+    server = open_server()
+    server.plain_pubs = plain
+    got: list[Any] = []
+    for chunk in data.draw(splits(stream)) if stream else []:
+        server.receive_data(chunk)
+        got += [_as_compared(e) for e in _plain_events(server, limit)]
+        if got and got[-1].__class__ is tuple and got[-1][2] is True:
+            break  # closed: nothing more is read
+    assert got == expected
 
 
 @pytest.mark.parametrize("chunking", CHUNKING_NAMES)

@@ -133,10 +133,18 @@ _HOT_STATES: Final = {
 }
 
 
-def _plain_pubs(bodies: list[memoryview], start: int, append: Callable[[PlainPub], None]) -> int:
+#: ``_plain_pubs``' answer when it did not unpack the body it stopped at.
+_UNREAD: Final = object()
+
+
+def _plain_pubs(
+    bodies: list[memoryview], start: int, append: Callable[[PlainPub], None]
+) -> tuple[int, Any]:
     """Append the maps of the plain PUBs (type, topic and payload only: ``plain_pub``'s
     commonest case, which it returns as they come) from ``bodies[start]`` on, up to the first
-    body that is anything else; returns that body's index (``len(bodies)`` if none).
+    body that is anything else; returns that body's index (``len(bodies)`` if none) and what
+    it unpacked it to (None if it does not unpack, ``_UNREAD`` at the end), so that the
+    caller does not unpack it again: a storm of pipelined SUBs stops here at every frame.
 
     A publisher's read is hundreds of them: this loop is ``next_events``' per-frame work for
     them, with nothing but the checks ``plain_pub`` makes.
@@ -145,18 +153,18 @@ def _plain_pubs(bodies: list[memoryview], start: int, append: Callable[[PlainPub
         try:
             wire = _unpackb(bodies[i])
         except Exception:  # (next_events says what is wrong)
-            return i
+            return i, None
         if wire.__class__ is not dict or len(wire) != 3 or wire.get("type") != "PUB":
-            return i
+            return i, wire
         topic = wire.get("topic")
         if topic.__class__ is not str or wire.get("payload").__class__ is not bytes:
-            return i
+            return i, wire
         try:
             _validate_topic(topic)
         except TopicError:
-            return i  # (plain_pub says what is wrong)
+            return i, wire  # (plain_pub says what is wrong)
         append(wire)
-    return len(bodies)
+    return len(bodies), _UNREAD
 
 
 class NeedData(Enum):
@@ -313,15 +321,16 @@ class Connection:
                         append(NEED_DATA)
                     return events
                 count = len(bodies)
-                i = _plain_pubs(bodies, 0, append) if plain else 0
+                i, wire = _plain_pubs(bodies, 0, append) if plain else (0, _UNREAD)
                 while i < count:
                     body = bodies[i]
                     build = None
                     if fast:  # a server's PUB, SUB, UNSUB: _receive's fast paths, inlined
-                        try:
-                            wire = _unpackb(body)  # (raw=False, strict_map_key, use_list)
-                        except Exception:  # _receive says what is wrong
-                            wire = None
+                        if wire is _UNREAD:
+                            try:
+                                wire = _unpackb(body)  # (raw=False, strict_map_key, use_list)
+                            except Exception:  # _receive says what is wrong
+                                wire = None
                         if wire.__class__ is dict:
                             wire_type = wire.get("type")  # type: ignore[union-attr]
                             if wire_type.__class__ is str:
@@ -351,8 +360,9 @@ class Connection:
                             break  # (the frames after it are dropped)
                         append(event)
                     i += 1
+                    wire = _UNREAD
                     if plain:
-                        i = _plain_pubs(bodies, i, append)
+                        i, wire = _plain_pubs(bodies, i, append)
                 if max_frames and len(events) >= max_frames:
                     return events  # the caller's turn is up: it calls again
                 continue
