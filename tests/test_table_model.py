@@ -131,6 +131,26 @@ class TableModel(RuleBasedStateMachine):
         assert self.table.remove(text, subscriber, dialect) == (entry in self.model)
         self.model.discard(entry)
 
+    @rule(
+        entries=st.lists(added, max_size=6),
+        others=st.lists(st.tuples(filters(), subscriber_strategy), max_size=3),
+    )
+    def remove_many(
+        self, entries: list[tuple[str, str, str]], others: list[tuple[tuple[str, str], str]]
+    ) -> None:
+        """A batch of removals (repeats and entries never added included), as a broker
+        removes the pipelined UNSUBs of one read: the same as one ``remove`` each."""
+        batch = [e for e in entries if valid(e[0], e[1])]
+        batch += [(t, d, s) for (t, d), s in others if valid(t, d)]
+        present = 0
+        for entry in batch:  # (in order: a repeat finds its entry gone)
+            if entry in self.model:
+                self.model.discard(entry)
+                present += 1
+        generation = self.table.generation
+        assert self.table.remove_many(batch) == present
+        assert self.table.generation == generation + present
+
     @rule(subscriber=subscriber_strategy)
     def remove_subscriber(self, subscriber: str) -> None:
         held = {e for e in self.model if e[2] == subscriber}

@@ -44,7 +44,7 @@ from broker.core.hot import HotSpots
 from broker.core.message import Message
 from broker.core.reports import REPORTS_FILTER, Reports
 from broker.core.retained import Retained
-from broker.core.session import OutboundLimits, Session
+from broker.core.session import OutboundLimits, Session, SubRef
 from broker.core.sessions import NotOwner, SessionRegistry, may_own, run_prefix
 from broker.core.store_full import StoreFullLog
 from broker.histogram import Histogram
@@ -445,8 +445,7 @@ class Broker:
         found = []
         append = found.append
         session_unsubscribe = session.unsubscribe
-        table_remove = self.table.remove
-        peering = self.peering if self.peering.active else None
+        gone: list[tuple[str, str, SubRef]] = []  # the table entries to remove, in order
         for sub_id in sub_ids:
             dropped = session_unsubscribe(sub_id)
             if dropped is None:
@@ -454,10 +453,13 @@ class Broker:
                 continue
             ref, remove_entry = dropped
             if remove_entry:
-                table_remove(ref.filter, ref, ref.dialect)
-                if peering is not None:
-                    peering.local_remove(routing.parse_filter(ref.filter, ref.dialect))
+                gone.append((ref.filter, ref.dialect, ref))
             append(True)
+        if gone:
+            self.table.remove_many(gone)
+            if self.peering.active:
+                for text, dialect, _ref in gone:
+                    self.peering.local_remove(routing.parse_filter(text, dialect))
         self.counters.unsubscribes += found.count(True)
         return found
 
