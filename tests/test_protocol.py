@@ -397,10 +397,10 @@ def _as_compared(event: Any) -> Any:
 def test_a_mixed_stream_gives_the_events_of_one_next_event_per_frame(
     bodies: list[bytes], plain: bool, limit: int, data: st.DataObject
 ) -> None:
-    """``next_events`` unpacks each body once: with ``plain_pubs`` it reuses the map its
-    plain-PUB loop unpacked at the first body that is not a plain PUB. Whatever follows (a
-    SUB, an UNSUB, a PING, a body that is not a frame) comes out as ``next_event`` makes it,
-    however the bytes arrive."""
+    """``next_events`` unpacks each body once and takes runs of plain PUBs, of SUBs and of
+    UNSUBs in loops of their own, each handing the map of the body it stopped at to the
+    next. Whatever the mix (refused requests and bodies that are not frames included), the
+    events are those of one ``next_event`` per frame, however the bytes arrive."""
     stream = b"".join(bodies)
     reference = open_server()
     if stream:  # (b"" would be the end of the stream)
