@@ -58,6 +58,7 @@ FILL_PAGE = 2000  # messages fetched from the store per gap-fill read
 WRITER_TASK = "topiary.connection.writer"  # one name for all (trio would format one each)
 PROGRESS_BYTES = 64 * 1024  # a write of messages counts as the client's life in steps of this
 BATCH_BYTES = 256 * 1024  # about this much is encoded per write
+HELD_TURNS = 4  # a reader's turns a subscriber's write may wait for (``_reader``)
 
 log = get_logger("topiary.connection")
 
@@ -311,10 +312,14 @@ class ClientConnection:
         turn_time = config.turn_time
         clock = trio.current_time
         turn_began = clock()
-        # The writers a turn's frames wake are woken (or written for: ``Session.direct``)
-        # together when the turn ends, before this task awaits (a read, or the turn is up)
-        # or returns: one write per subscriber per turn, not per ``turn_frames`` frames.
-        # (``handle`` flushes them itself before it awaits store work.)
+        # The writers a read's frames wake are woken (or written for: ``Session.direct``)
+        # together once its frames are handled, before this task reads again, or returns:
+        # one write per subscriber per read, as the relays do, not one per turn. A read
+        # handled in many turns flushes them every ``HELD_TURNS`` turns, so a subscriber
+        # waits for at most that many of this reader's turns. (The yield at the end of a
+        # turn is only a checkpoint; ``handle`` flushes them itself before it awaits
+        # store work.)
+        held_turns = 0
         hold_wakes()
         try:
             while True:
@@ -324,13 +329,17 @@ class ClientConnection:
                     # state: go on, unless the turn is up
                     if clock() - turn_began < turn_time:
                         continue
-                    flush_wakes()
+                    held_turns += 1
+                    if held_turns >= HELD_TURNS:
+                        flush_wakes()
+                        held_turns = 0
+                        hold_wakes()
                     self.broker.counters.turns_yielded += 1
                     await trio.lowlevel.checkpoint()
                     turn_began = clock()
-                    hold_wakes()
                     continue
                 flush_wakes()
+                held_turns = 0
                 if stop is not NEED_DATA:
                     return None if isinstance(stop, ConnectionClosed) else stop
                 await session.wait_control_drained()
@@ -420,6 +429,8 @@ class ClientConnection:
             return False
         session = self.session
         assert session is not None
+        if not session.queued:  # its writer ran meanwhile and sent it (a held wake)
+            return True
         data, messages = session.take_batch(
             append_msg, BATCH_BYTES, _append_discarded, append_run=append_msg_run
         )
