@@ -5,7 +5,8 @@ Two tasks share a nursery owned by ``ClientConnection.run`` once the handshake
 
 - the reader (run inline) reads as many bytes as are available, has ``Requests``
   handle every whole frame in them, and only then reads again: many frames per syscall;
-- the writer drains the session's queue, many frames per ``send_all``, replies first;
+- the writer drains the session's queue, many frames per write (``os.write`` on a plain
+  socket, ``send_all`` on other streams), replies first;
   while it is parked, what a reader's read queues for it is written by that reader
   instead, in one non-blocking send (``_direct``; the writer finishes a partial one);
 
