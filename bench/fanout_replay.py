@@ -57,7 +57,7 @@ from broker.config import BrokerConfig  # noqa: E402
 from broker.core import Broker, Session  # noqa: E402
 from broker.core.session import flush_wakes, hold_wakes  # noqa: E402
 from broker.native.confirms import Confirms  # noqa: E402
-from broker.native.connection import BATCH_BYTES, _append_discarded  # noqa: E402
+from broker.native.connection import BATCH_BYTES, HELD_TURNS, _append_discarded  # noqa: E402
 from broker.native.requests import Requests  # noqa: E402
 from broker.net import RECEIVE_SIZE  # noqa: E402
 from broker.wire.codec import append_msg, append_msg_run, encode_pub  # noqa: E402
@@ -99,7 +99,7 @@ def _tune_gc() -> None:
 
 class _Parked:
     """Stands for a subscriber's writer task parked in ``wait_data`` (never rescheduled:
-    every direct write takes the whole queue)."""
+    every direct write takes the whole queue, in batches as the writer would)."""
 
 
 class Subscriber:
@@ -113,13 +113,15 @@ class Subscriber:
         self.writes = 0
 
     def direct(self) -> bool:
-        data, messages = self.session.take_batch(
-            append_msg, BATCH_BYTES, _append_discarded, append_run=append_msg_run
-        )
-        self.messages += messages
-        self.bytes += len(data)
-        self.writes += 1
-        self.session.sampled.clear()
+        # (what one batch leaves, the woken writer would take in the next: one write each)
+        while self.session.queued:
+            data, messages = self.session.take_batch(
+                append_msg, BATCH_BYTES, _append_discarded, append_run=append_msg_run
+            )
+            self.messages += messages
+            self.bytes += len(data)
+            self.writes += 1
+            self.session.sampled.clear()
         return True
 
 
@@ -155,11 +157,13 @@ async def _topiary(filters: list[str], reads: list[bytes], turn_calls: int = 0) 
     clock = trio.current_time
     _tune_gc()
     started = time.process_time()
-    # ClientConnection._reader's loop, less the socket: a read, its turns, the flushes.
+    # ClientConnection._reader's loop, less the socket and the yields: a read, its turns,
+    # the flushes.
     for data in reads:
         proto.receive_data(data)
         turn_began = clock()
         calls = 0
+        held_turns = 0
         hold_wakes()
         while True:
             stop = await handle(proto.next_events(turn_frames))
@@ -167,10 +171,13 @@ async def _topiary(filters: list[str], reads: list[bytes], turn_calls: int = 0) 
             if stop is None:
                 if (calls < turn_calls) if turn_calls else (clock() - turn_began < turn_time):
                     continue
-                flush_wakes()
+                held_turns += 1
+                if held_turns >= HELD_TURNS:
+                    flush_wakes()
+                    held_turns = 0
+                    hold_wakes()
                 turn_began = clock()
                 calls = 0
-                hold_wakes()
                 continue
             flush_wakes()
             if stop is not NEED_DATA:

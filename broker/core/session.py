@@ -79,9 +79,10 @@ _held: ContextVar[list[Session] | None] = ContextVar("topiary_held_wakes", defau
 
 def hold_wakes() -> None:
     """Hold the wakes of idle writers until ``flush_wakes``: a reader about to handle what
-    it read (synchronously: it must flush before it awaits). A session whose front end
-    can write directly (``Session.direct``) then has what the read queued for it written in
-    one send, in this task's turn, without waking its writer."""
+    it read (it must flush before it waits for anything; a bare checkpoint, the yield at
+    the end of a turn, may keep them held). A session whose front end can write directly
+    (``Session.direct``) then has what the read queued for it written in one send, in this
+    task's turn, without waking its writer."""
     if _held.get() is None:
         _held.set([])
 

@@ -5,7 +5,8 @@ Two tasks share a nursery owned by ``ClientConnection.run`` once the handshake
 
 - the reader (run inline) reads as many bytes as are available, has ``Requests``
   handle every whole frame in them, and only then reads again: many frames per syscall;
-- the writer drains the session's queue, many frames per ``send_all``, replies first;
+- the writer drains the session's queue, many frames per write (``os.write`` on a plain
+  socket, ``send_all`` on other streams), replies first;
   while it is parked, what a reader's read queues for it is written by that reader
   instead, in one non-blocking send (``_direct``; the writer finishes a partial one);
 
@@ -58,6 +59,7 @@ FILL_PAGE = 2000  # messages fetched from the store per gap-fill read
 WRITER_TASK = "topiary.connection.writer"  # one name for all (trio would format one each)
 PROGRESS_BYTES = 64 * 1024  # a write of messages counts as the client's life in steps of this
 BATCH_BYTES = 256 * 1024  # about this much is encoded per write
+HELD_TURNS = 4  # a reader's turns a subscriber's write may wait for (``_reader``)
 
 log = get_logger("topiary.connection")
 
@@ -121,7 +123,7 @@ class ClientConnection:
         self.last_sent = 0.0  # trio time a write of MSGs last completed: the client reads
         # The rest of a direct write the socket did not take (``_direct``), and whether it
         # carries messages: the writer sends it before anything else.
-        self._unsent = b""
+        self._unsent: bytes | memoryview = b""
         self._unsent_messages = 0
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -311,10 +313,14 @@ class ClientConnection:
         turn_time = config.turn_time
         clock = trio.current_time
         turn_began = clock()
-        # The writers a turn's frames wake are woken (or written for: ``Session.direct``)
-        # together when the turn ends, before this task awaits (a read, or the turn is up)
-        # or returns: one write per subscriber per turn, not per ``turn_frames`` frames.
-        # (``handle`` flushes them itself before it awaits store work.)
+        # The writers a read's frames wake are woken (or written for: ``Session.direct``)
+        # together once its frames are handled, before this task reads again, or returns:
+        # one write per subscriber per read, as the relays do, not one per turn. A read
+        # handled in many turns flushes them every ``HELD_TURNS`` turns, so a subscriber
+        # waits for at most that many of this reader's turns. (The yield at the end of a
+        # turn is only a checkpoint; ``handle`` flushes them itself before it awaits
+        # store work.)
+        held_turns = 0
         hold_wakes()
         try:
             while True:
@@ -324,13 +330,17 @@ class ClientConnection:
                     # state: go on, unless the turn is up
                     if clock() - turn_began < turn_time:
                         continue
-                    flush_wakes()
+                    held_turns += 1
+                    if held_turns >= HELD_TURNS:
+                        flush_wakes()
+                        held_turns = 0
+                        hold_wakes()
                     self.broker.counters.turns_yielded += 1
                     await trio.lowlevel.checkpoint()
                     turn_began = clock()
-                    hold_wakes()
                     continue
                 flush_wakes()
+                held_turns = 0
                 if stop is not NEED_DATA:
                     return None if isinstance(stop, ConnectionClosed) else stop
                 await session.wait_control_drained()
@@ -420,6 +430,8 @@ class ClientConnection:
             return False
         session = self.session
         assert session is not None
+        if not session.queued:  # its writer ran meanwhile and sent it (a held wake)
+            return True
         data, messages = session.take_batch(
             append_msg, BATCH_BYTES, _append_discarded, append_run=append_msg_run
         )
@@ -431,7 +443,7 @@ class ClientConnection:
             sent = 0
         self.broker.counters.bytes_sent += sent
         if sent < len(data):
-            self._unsent = data[sent:]
+            self._unsent = memoryview(data)[sent:]  # (not copied)
             self._unsent_messages = messages
             return False
         if messages:
@@ -440,9 +452,12 @@ class ClientConnection:
             self._observe_latency(session.sampled)
         return not session.queued
 
-    async def _send(self, data: bytes, messages: int) -> None:
+    async def _send(self, data: bytes | memoryview, messages: int) -> None:
         """Write ``data``; while it carries messages, each ``PROGRESS_BYTES`` the socket takes
         count as life (the client is reading, however slowly; our PINGs prove nothing)."""
+        if self._fd is not None:
+            await self._send_fd(self._fd, data, messages)
+            return
         if not messages:
             await self.stream.send_all(data)
             return
@@ -454,6 +469,29 @@ class ClientConnection:
                 await self.stream.send_all(view[start : start + PROGRESS_BYTES])
                 self.last_sent = trio.current_time()
         self.last_sent = trio.current_time()
+
+    async def _send_fd(self, fd: int, data: bytes | memoryview, messages: int) -> None:
+        """``_send`` on a plain socket: as much as it takes per ``os.write``, waiting for room
+        only when it takes nothing (one syscall where ``send_all`` made one per
+        ``PROGRESS_BYTES`` and went through five coroutines for each). A checkpoint, as
+        ``send_all`` is: a writer with a long queue yields after every batch."""
+        view = memoryview(data)
+        size = len(view)
+        done = counted = 0
+        while done < size:
+            try:
+                done += os.write(fd, view[done:])
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(fd)
+                continue
+            except OSError as exc:  # reset, or closed under us
+                raise trio.BrokenResourceError(str(exc)) from exc
+            if messages and done - counted >= PROGRESS_BYTES:
+                counted = done
+                self.last_sent = trio.current_time()
+        if messages:
+            self.last_sent = trio.current_time()
+        await trio.lowlevel.checkpoint()
 
     async def _say_last_word(self, session: Session) -> None:
         """Send the replies still due and the closing ERROR, at a frame boundary (the last
