@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Final, Protocol
 
 import trio
 
@@ -75,6 +75,13 @@ log = get_logger("topiary.session")
 #: variable, so only the holding task's own deliveries are held (not another task's, nor
 #: another broker's in another thread); None while it holds none.
 _held: ContextVar[list[Session] | None] = ContextVar("topiary_held_wakes", default=None)
+
+
+#: A reader's turns that what its read queued for an idle subscriber may wait for: the
+#: front ends' readers write it once the read's frames are handled, or every this many turns
+#: of a read that takes longer (one write per subscriber per read, each subscriber waiting
+#: for at most this many of that reader's turns).
+HELD_TURNS: Final = 4
 
 
 def hold_wakes() -> None:

@@ -23,7 +23,7 @@ from typing import ClassVar
 import trio
 
 from broker.core import Broker, Session
-from broker.core.session import flush_wakes, hold_wakes
+from broker.core.session import HELD_TURNS, flush_wakes, hold_wakes
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.mqtt import reasons as R
@@ -263,8 +263,10 @@ class MqttConnection:
 
     async def _reader(self, requests: Requests) -> None:
         """Hand packets to ``requests`` until EOF or an end; fair turns as the native reader.
-        The writers the packets wake are woken (or written for) together, when the turn
-        ends or before the reader awaits: nothing is held across an await."""
+        The writers the packets wake are woken (or written for) together once the read's
+        packets are handled, before the reader awaits anything but the yield at the end of
+        a turn, and at the latest every ``HELD_TURNS`` turns: one write per subscriber per
+        read, as on the native port."""
         decoder = self.decoder
         next_packet = decoder.next_packet
         publish_plain = requests.publish_plain
@@ -275,6 +277,7 @@ class MqttConnection:
         clock = trio.current_time
         turn_began = clock()
         counters = self.broker.counters
+        held_turns = 0  # turns ended with the wakes still held
         while True:
             handled = 0
             hold_wakes()  # (still held when the turn goes on from the last frames)
@@ -304,7 +307,11 @@ class MqttConnection:
                         return
                 busy = handled == turn_frames
                 over = busy and clock() - turn_began >= turn_time
-                flush = not busy or over
+                if over:
+                    held_turns += 1
+                flush = not busy or held_turns >= HELD_TURNS
+                if flush:
+                    held_turns = 0
             finally:
                 if flush:
                     flush_wakes()

@@ -127,10 +127,12 @@ class Outbound:
         the rest first (``_unsent``) and goes on as usual."""
         if self._unsent or self.shared or self._last_word_due.is_set():  # type: ignore[union-attr]
             return False
+        session = self.session
+        if not session.queued:  # its writer ran meanwhile and sent it (a held wake)
+            return True
         room = self._room()
         if room <= 0:
             return False  # the writer waits for the window
-        session = self.session
         self._now = 0.0  # (read when a message with an expiry needs it: _clock)
         data, _messages = session.take_batch(self.append, BATCH_BYTES, None, room, self._runs())
         try:

@@ -36,7 +36,7 @@ from typing import ClassVar
 import trio
 
 from broker.core import Broker, Member, Message, Session
-from broker.core.session import flush_wakes, hold_wakes
+from broker.core.session import HELD_TURNS, flush_wakes, hold_wakes
 from broker.errors import ErrorCode, RemoteProtocolError
 from broker.log import get_logger
 from broker.mesh import Peering
@@ -59,7 +59,6 @@ FILL_PAGE = 2000  # messages fetched from the store per gap-fill read
 WRITER_TASK = "topiary.connection.writer"  # one name for all (trio would format one each)
 PROGRESS_BYTES = 64 * 1024  # a write of messages counts as the client's life in steps of this
 BATCH_BYTES = 256 * 1024  # about this much is encoded per write
-HELD_TURNS = 4  # a reader's turns a subscriber's write may wait for (``_reader``)
 
 log = get_logger("topiary.connection")
 
