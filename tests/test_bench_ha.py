@@ -27,6 +27,9 @@ def test_quick_ha_benchmark_interleaves_a_single_broker_and_a_synced_pair(tmp_pa
         assert row["ratios"] == pytest.approx(ratios)
         assert row["ratio"] == pytest.approx(statistics.median(ratios))
         assert row["ratio_min"] <= row["ratio"] <= row["ratio_max"]
+        interval = row["ratio_interval"]  # 2 rounds: the min-max, 50% confidence
+        assert (interval["low"], interval["high"]) == (row["ratio_min"], row["ratio_max"])
+        assert interval["coverage"] == pytest.approx(0.5)
         assert row["single_per_second"] == pytest.approx(statistics.median(row["single_rates"]))
         assert row["pair_per_second"] == pytest.approx(statistics.median(row["pair_rates"]))
         assert row["confirms_alone"] == 0 and row["confirms_waited"] > 0
@@ -50,3 +53,19 @@ def test_quick_ha_benchmark_interleaves_a_single_broker_and_a_synced_pair(tmp_pa
     assert 0 < report["failover_p50"] == report["failover_max"] < 30
     assert report["failover_confirmed"] > 0 and report["failover_missing"] == 0
     assert "failover over 1 kill -9" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("rounds", "rank", "coverage"),
+    [(2, 1, 0.5), (5, 1, 0.9375), (6, 1, 0.96875), (8, 1, 0.9922), (9, 2, 0.9609), (12, 3, 0.9614)],
+)
+def test_the_median_interval_is_the_widest_rank_pair_with_95_percent_or_the_min_max(
+    rounds: int, rank: int, coverage: float
+) -> None:
+    from bench.ha import _median_interval
+
+    values = [float(v) for v in range(rounds, 0, -1)]  # any order: sorted inside
+    interval = _median_interval(values)
+    assert interval == pytest.approx(
+        {"low": float(rank), "high": float(rounds + 1 - rank), "coverage": coverage}, abs=1e-4
+    )
