@@ -1,9 +1,11 @@
-"""The hot-spare benchmark's smoke run: both setups measured, the pair confirmed with its
-standby in sync (nothing confirmed alone), and the ratio is what the two rows say; one
-kill -9 of the primary timed, and the durable session holds every confirmed message."""
+"""The hot-spare benchmark's smoke run: both setups up together and measured in ABBA rounds
+of short phases (a rate per round and setup, a ratio per round, medians, the peak), the pair
+confirmed with its standby in sync (nothing confirmed alone), the idle setup's CPU reported;
+one kill -9 of the primary timed, and the durable session holds every confirmed message."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -11,17 +13,59 @@ import pytest
 from tests.benchrun import ROOT, run_quick
 
 
-def test_quick_ha_benchmark_measures_a_single_broker_and_a_synced_pair(tmp_path: Path) -> None:
+def test_quick_ha_benchmark_interleaves_a_single_broker_and_a_synced_pair(tmp_path: Path) -> None:
     proc, report = run_quick(
-        ROOT / "bench" / "ha.py", tmp_path / "ha.json", "--tasks", "16", "--kills", "1"
+        ROOT / "bench" / "ha.py", tmp_path / "ha.json", "--tasks", "16,32", "--kills", "1"
     )
-    assert report["benchmark"] == "ha"
-    assert report["single_per_second"] > 0 and report["pair_per_second"] > 0
+    assert report["benchmark"] == "ha" and report["method"] == "interleaved"
+    assert report["rounds"] == 2 and report["task_counts"] == [16, 32]
+    assert set(report["by_tasks"]) == {"16", "32"}
+    for row in report["by_tasks"].values():
+        assert len(row["single_rates"]) == len(row["pair_rates"]) == len(row["ratios"]) == 2
+        assert all(rate > 0 for rate in row["single_rates"] + row["pair_rates"])
+        ratios = [p / s for p, s in zip(row["pair_rates"], row["single_rates"], strict=True)]
+        assert row["ratios"] == pytest.approx(ratios)
+        assert row["ratio"] == pytest.approx(statistics.median(ratios))
+        assert row["ratio_min"] <= row["ratio"] <= row["ratio_max"]
+        interval = row["ratio_interval"]  # 2 rounds: the min-max, 50% confidence
+        assert (interval["low"], interval["high"]) == (row["ratio_min"], row["ratio_max"])
+        assert interval["coverage"] == pytest.approx(0.5)
+        assert row["single_per_second"] == pytest.approx(statistics.median(row["single_rates"]))
+        assert row["pair_per_second"] == pytest.approx(statistics.median(row["pair_rates"]))
+        assert row["confirms_alone"] == 0 and row["confirms_waited"] > 0
+        assert set(row["single_cpu_us"]) == {"broker", "publisher"}
+        assert set(row["pair_cpu_us"]) == {"primary", "standby", "publisher"}
+        assert row["idle_pair_cpu_percent"] >= 0 and row["idle_single_cpu_percent"] >= 0
+    assert report["ratio"] == report["by_tasks"]["16"]["ratio"]  # the first number: top level
+    peak = report["peak"]
+    rows = report["by_tasks"]
+    assert peak["single_per_second"] == max(r["single_per_second"] for r in rows.values())
+    assert peak["pair_per_second"] == max(r["pair_per_second"] for r in rows.values())
+    best_single = rows[str(peak["single_tasks"])]["single_rates"]
+    best_pair = rows[str(peak["pair_tasks"])]["pair_rates"]
+    peak_ratios = [p / s for p, s in zip(best_pair, best_single, strict=True)]
+    assert peak["ratio"] == pytest.approx(statistics.median(peak_ratios))
+    assert report["goals"]["ratio_at_128"] is None  # 128 not measured here
+    assert report["goals"]["peak_ratio_met"] == (peak["ratio"] >= 0.75)
     assert report["pair_confirms_alone"] == 0 and report["pair_confirms_waited"] > 0
-    ratio = report["pair_per_second"] / report["single_per_second"]
-    assert report["ratio"] == pytest.approx(ratio)
-    assert "pair, sync = true" in proc.stdout
+    assert "goal peak ratio >= 0.75" in proc.stdout and "ratios by round" in proc.stdout
     assert report["kills"] == 1 and len(report["failover_seconds"]) == 1
     assert 0 < report["failover_p50"] == report["failover_max"] < 30
     assert report["failover_confirmed"] > 0 and report["failover_missing"] == 0
     assert "failover over 1 kill -9" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("rounds", "rank", "coverage"),
+    [(2, 1, 0.5), (5, 1, 0.9375), (6, 1, 0.96875), (8, 1, 0.9922), (9, 2, 0.9609), (12, 3, 0.9614)],
+)
+def test_the_median_interval_is_the_widest_rank_pair_with_95_percent_or_the_min_max(
+    rounds: int, rank: int, coverage: float
+) -> None:
+    from bench.ha import _median_interval
+
+    values = [float(v) for v in range(rounds, 0, -1)]  # any order: sorted inside
+    interval = _median_interval(values)
+    assert interval == pytest.approx(
+        {"low": float(rank), "high": float(rounds + 1 - rank), "coverage": coverage}, abs=1e-4
+    )
