@@ -2,7 +2,7 @@
 and the failover time of a pair with a witness over repeated kill -9 of the primary.
 
     python bench/ha.py [--quick] [--json PATH] [--seconds S] [--rounds K]
-                       [--tasks N[,N...]] [--latency M] [--kills K]
+                       [--tasks N[,N...]] [--latency M] [--kills K] [--standby-cpus C[,C...]]
 
 Set-up, each party its own process on 127.0.0.1: (1) a single ``topiary serve --data-dir``;
 (2) a primary and a standby (``[ha]``, ``failover = "manual"``, sync on), the primary's
@@ -43,6 +43,17 @@ default; never hidden when measured) and peak ratio >= 0.75; the interval says w
 run resolved the ratio that well. Defaults: 6 rounds of 2 s phases (~95 s for three numbers
 of tasks and the latency); 12 rounds of 1 s were tried on the loaded machine and their
 medians spread no less from run to run.
+
+The standby on a machine of its own (``--standby-cpus 1``): deployed, the pair's two brokers
+run on two machines, and the standby's CPU is not taken from the primary. By default every
+process here shares all the CPUs, so the standby's apply (12-24 us per message) competes with
+the primary and the ratio measures two brokers on one machine against one. With
+``--standby-cpus`` the throughput phases emulate the deployment: the standby is pinned to
+those CPUs (``sched_setaffinity`` at its start, so every thread it makes inherits it), and
+the single broker, the primary and both publishers to the remaining ones: the same CPUs for
+the two setups compared, the standby apart. The disk is still shared (both brokers' fsyncs
+on one device), so this still understates a pair on two machines. The failover rounds are
+not pinned.
 
 Idle setup: over every phase the idle setup's processes' CPU (brokers and publisher, from
 ``/proc``) is read too and reported as % of one core over the measured setup's phases
@@ -87,6 +98,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +123,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(args: list[str], log: Path, port: int) -> subprocess.Popen:
+def _pinned(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that pins the child (and so every thread it starts) to ``cpus``."""
+    if cpus is None:
+        return None
+    return partial(os.sched_setaffinity, 0, cpus)
+
+
+def _start(
+    args: list[str], log: Path, port: int, cpus: frozenset[int] | None = None
+) -> subprocess.Popen:
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "broker.cli", "serve", *args, "--log-format", "json"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=_pinned(cpus),
         )  # fmt: skip
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -172,13 +195,20 @@ class _Setup:
     (a line ``TASKS SECONDS`` on its stdin, a line of JSON back), so its start-up is never
     inside a measured interval."""
 
-    def __init__(self, name: str, port: int, brokers: dict[str, subprocess.Popen]) -> None:
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        brokers: dict[str, subprocess.Popen],
+        cpus: frozenset[int] | None = None,
+    ) -> None:
         self.name = name
         self.port = port
         self.brokers = brokers
         self.publisher = subprocess.Popen(
             [sys.executable, __file__, "--publisher", str(port)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+            preexec_fn=_pinned(cpus),
         )  # fmt: skip
 
     def cpu_seconds(self) -> dict[str, float]:
@@ -385,7 +415,48 @@ def _wait_logged(log: Path, text: str, seconds: float = 30) -> None:
     raise SystemExit(f"{text!r} not logged in {log}")
 
 
-def _start_pair(work: Path) -> tuple[int, list[subprocess.Popen]]:
+@dataclass(frozen=True)
+class Placement:
+    """Which CPUs the standby runs on and which everything else does (None: all of them)."""
+
+    standby: frozenset[int] | None = None
+    others: frozenset[int] | None = None
+
+    @classmethod
+    def standby_apart(cls, standby: frozenset[int], allowed: frozenset[int]) -> Placement:
+        """The standby on ``standby``, the rest on the other ``allowed`` CPUs; ValueError
+        when that leaves either side without a CPU."""
+        if not standby:
+            raise ValueError("name at least one CPU for the standby")
+        if not standby <= allowed:
+            raise ValueError(f"CPUs {sorted(standby - allowed)} are not available "
+                             f"(this process may use {sorted(allowed)})")  # fmt: skip
+        if not allowed - standby:
+            raise ValueError(f"no CPU left for the other processes (available: {sorted(allowed)})")
+        return cls(standby, allowed - standby)
+
+    def describe(self) -> str:
+        if self.standby is None or self.others is None:
+            return "all processes share every CPU (the standby on the primary's machine)"
+        return (f"standby pinned to CPU {_cpu_list(self.standby)}; the single broker, the "
+                f"primary and both publishers to CPU {_cpu_list(self.others)} (the standby's "
+                f"own machine, emulated; the disk is shared)")  # fmt: skip
+
+
+def _affinity(pid: int) -> list[int]:
+    """The CPUs any thread of process ``pid`` may run on, as the kernel has them now."""
+    cpus: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            cpus |= os.sched_getaffinity(int(task.name))
+    return sorted(cpus)
+
+
+def _cpu_list(cpus: frozenset[int]) -> str:
+    return ",".join(str(cpu) for cpu in sorted(cpus))
+
+
+def _start_pair(work: Path, placement: Placement) -> tuple[int, list[subprocess.Popen]]:
     """A primary and a standby, manual failover, sync on: the primary's port and both
     processes (primary first), once the primary logs its standby in sync."""
     ports = {"a": _free_port(), "b": _free_port()}
@@ -401,18 +472,29 @@ def _start_pair(work: Path) -> tuple[int, list[subprocess.Popen]]:
             f'secret = "bench"\nfailover = "manual"\nlink_port = {links[name]}\n'
             f"partner_link_port = {links[partner]}\nsync = true\n"
         )
-        procs.append(_start(["--config", str(config)], work / f"{name}.log", ports[name]))
+        cpus = placement.standby if role == "standby" else placement.others
+        procs.append(_start(["--config", str(config)], work / f"{name}.log", ports[name], cpus))
     _wait_logged(work / "a.log", "standby in sync")
     return ports["a"], procs
 
 
-def run(tasks: list[int], seconds: float, rounds: int, latency: int, work: Path) -> dict[str, Any]:
-    """Both setups up, then the rounds of interleaved phases (see the module docstring), a
-    row per number of tasks, the peak, and the latency; the first number of tasks also
-    fills the top-level keys (``ratio``, ``single_per_second`` and the rest)."""
+def run(
+    tasks: list[int],
+    seconds: float,
+    rounds: int,
+    latency: int,
+    work: Path,
+    placement: Placement = Placement(),
+) -> dict[str, Any]:
+    """Both setups up (their processes on ``placement``'s CPUs), then the rounds of
+    interleaved phases (see the module docstring), a row per number of tasks, the peak, and
+    the latency; the first number of tasks also fills the top-level keys (``ratio``,
+    ``single_per_second`` and the rest)."""
     results: dict[str, Any] = {
         "benchmark": "ha", "method": "interleaved", "tasks": tasks[0], "task_counts": tasks,
-        "seconds": seconds, "rounds": rounds,
+        "seconds": seconds, "rounds": rounds, "placement": placement.describe(),
+        "standby_cpus": None if placement.standby is None else sorted(placement.standby),
+        "other_cpus": None if placement.others is None else sorted(placement.others),
     }  # fmt: skip
     procs: list[subprocess.Popen] = []
     setups: list[_Setup] = []
@@ -420,14 +502,22 @@ def run(tasks: list[int], seconds: float, rounds: int, latency: int, work: Path)
         port = _free_port()
         single_log = work / "s.log"
         procs.append(_start(["--port", str(port), "--data-dir", str(work / "single")],
-                            single_log, port))  # fmt: skip
-        primary_port, pair_procs = _start_pair(work)
+                            single_log, port, placement.others))  # fmt: skip
+        primary_port, pair_procs = _start_pair(work, placement)
         procs.extend(pair_procs)
         trio.run(_prepare, port)
         trio.run(_prepare, primary_port)
-        single = _Setup("single", port, {"broker": procs[0]})
-        pair = _Setup("pair", primary_port, {"primary": pair_procs[0], "standby": pair_procs[1]})
+        single = _Setup("single", port, {"broker": procs[0]}, placement.others)
+        brokers = {"primary": pair_procs[0], "standby": pair_procs[1]}
+        pair = _Setup("pair", primary_port, brokers, placement.others)
         setups = [single, pair]
+        results["affinity"] = {  # read back: what the placement did to every thread
+            "single": _affinity(single.brokers["broker"].pid),
+            "primary": _affinity(brokers["primary"].pid),
+            "standby": _affinity(brokers["standby"].pid),
+            "single_publisher": _affinity(single.publisher.pid),
+            "pair_publisher": _affinity(pair.publisher.pid),
+        }
         _phase(single, pair, tasks[0], seconds)  # warm-ups, not counted
         _phase(pair, single, tasks[0], seconds)
         phases: dict[tuple[str, int], list[dict[str, Any]]] = {
@@ -652,6 +742,11 @@ def main() -> None:
         "--latency", type=int, default=2000, help="sequential confirmed publishes timed (0: none)"
     )
     parser.add_argument("--kills", type=int, default=5, help="kill -9 rounds (0: none)")
+    parser.add_argument(
+        "--standby-cpus",
+        help="pin the standby to these CPUs (comma-separated) and every other process of the "
+        "throughput phases to the rest: the standby on a machine of its own, emulated",
+    )
     parser.add_argument("--publisher", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.publisher is not None:
@@ -661,11 +756,21 @@ def main() -> None:
     rounds = 2 if args.quick else args.rounds
     if rounds < 1:
         parser.error("--rounds must be at least 1")
+    placement = Placement()
+    if args.standby_cpus is not None:
+        try:
+            try:
+                standby = frozenset(int(cpu) for cpu in args.standby_cpus.split(","))
+            except ValueError:
+                raise ValueError("expected CPU numbers, comma-separated (e.g. 1)") from None
+            placement = Placement.standby_apart(standby, frozenset(os.sched_getaffinity(0)))
+        except ValueError as exc:
+            parser.error(f"--standby-cpus {args.standby_cpus}: {exc}")
     configure_logging(level=logging.WARNING)  # the failing-over client's retries: not the table
     with tempfile.TemporaryDirectory(prefix="topiary-bench-ha-") as work:
         tasks = [int(n) for n in args.tasks.split(",")]
         latency = min(args.latency, 300) if args.quick else args.latency
-        results = run(tasks, seconds, rounds, latency, Path(work))
+        results = run(tasks, seconds, rounds, latency, Path(work), placement)
         if args.kills > 0:
             results.update(run_failover(args.kills, Path(work)))
     _print(results)
@@ -689,6 +794,7 @@ def _interval(interval: dict[str, float]) -> str:
 
 
 def _print(results: dict[str, Any]) -> None:
+    print(f"CPUs: {results['placement']}")
     print(f"{results['rounds']} ABBA rounds of {results['seconds']:g} s phases per number of "
           f"tasks; rates: medians over the rounds; ratio: median (min-max) of the rounds' "
           f"pair / single")  # fmt: skip

@@ -5,7 +5,10 @@ one kill -9 of the primary timed, and the durable session holds every confirmed 
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +72,30 @@ def test_the_median_interval_is_the_widest_rank_pair_with_95_percent_or_the_min_
     assert interval == pytest.approx(
         {"low": float(rank), "high": float(rounds + 1 - rank), "coverage": coverage}, abs=1e-4
     )
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to set one apart")
+def test_standby_cpus_puts_every_thread_of_the_standby_apart_from_the_rest(
+    tmp_path: Path,
+) -> None:
+    standby, *others = sorted(os.sched_getaffinity(0))[::-1]  # the highest CPU for the standby
+    _, report = run_quick(
+        ROOT / "bench" / "ha.py", tmp_path / "ha.json",
+        "--tasks", "16", "--kills", "0", "--latency", "0", "--standby-cpus", str(standby),
+    )  # fmt: skip
+    assert report["standby_cpus"] == [standby] and report["other_cpus"] == sorted(others)
+    affinity = report["affinity"]
+    assert affinity["standby"] == [standby]
+    for name in ("single", "primary", "single_publisher", "pair_publisher"):
+        assert affinity[name] == sorted(others), name
+    assert report["by_tasks"]["16"]["confirms_alone"] == 0
+
+
+def test_standby_cpus_that_leave_nothing_for_the_others_are_refused() -> None:
+    every = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "ha.py"), "--standby-cpus", every],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "no CPU left for the other processes" in proc.stderr
