@@ -2,7 +2,8 @@
 and the failover time of a pair with a witness over repeated kill -9 of the primary.
 
     python bench/ha.py [--quick] [--json PATH] [--seconds S] [--rounds K]
-                       [--tasks N[,N...]] [--latency M] [--kills K] [--standby-cpus C[,C...]]
+                       [--tasks N[,N...]] [--latency M] [--kills K]
+                       [--standby-cpus C[,C...]] [--publisher-cpus C[,C...]]
 
 Set-up, each party its own process on 127.0.0.1: (1) a single ``topiary serve --data-dir``;
 (2) a primary and a standby (``[ha]``, ``failover = "manual"``, sync on), the primary's
@@ -44,16 +45,16 @@ run resolved the ratio that well. Defaults: 6 rounds of 2 s phases (~95 s for th
 of tasks and the latency); 12 rounds of 1 s were tried on the loaded machine and their
 medians spread no less from run to run.
 
-The standby on a machine of its own (``--standby-cpus 1``): deployed, the pair's two brokers
-run on two machines, and the standby's CPU is not taken from the primary. By default every
-process here shares all the CPUs, so the standby's apply (12-24 us per message) competes with
-the primary and the ratio measures two brokers on one machine against one. With
-``--standby-cpus`` the throughput phases emulate the deployment: the standby is pinned to
-those CPUs (``sched_setaffinity`` at its start, so every thread it makes inherits it), and
-the single broker, the primary and both publishers to the remaining ones: the same CPUs for
-the two setups compared, the standby apart. The disk is still shared (both brokers' fsyncs
-on one device), so this still understates a pair on two machines. The failover rounds are
-not pinned.
+Machines, emulated (``--standby-cpus 1 --publisher-cpus 1``): deployed, the pair's two
+brokers run on two machines and the clients on others, so the standby's apply (12-24 us per
+message) and the publishers' CPU are not taken from the primary. By default every process
+here shares every CPU: the ratio then measures two brokers on one machine against one. The
+options pin the standby and both publishers to the CPUs named (``sched_setaffinity`` at their
+start, so every thread they make inherits it; read back into ``--json`` as ``affinity``) and
+the two brokers compared, the single broker and the primary, to the CPUs left: each compared
+broker has the same CPUs to itself, and the standby shares its CPUs with the clients, which
+handicaps the pair a little. The disk is still shared (both brokers' fsyncs on one device).
+The failover rounds are not pinned.
 
 Idle setup: over every phase the idle setup's processes' CPU (brokers and publisher, from
 ``/proc``) is read too and reported as % of one core over the measured setup's phases
@@ -417,30 +418,55 @@ def _wait_logged(log: Path, text: str, seconds: float = 30) -> None:
 
 @dataclass(frozen=True)
 class Placement:
-    """Which CPUs the standby runs on and which everything else does (None: all of them)."""
+    """Which CPUs each kind of process may run on (None: every CPU): the brokers compared
+    (the single broker and the primary), the standby, and both publishers."""
 
+    brokers: frozenset[int] | None = None
     standby: frozenset[int] | None = None
-    others: frozenset[int] | None = None
+    publishers: frozenset[int] | None = None
 
     @classmethod
-    def standby_apart(cls, standby: frozenset[int], allowed: frozenset[int]) -> Placement:
-        """The standby on ``standby``, the rest on the other ``allowed`` CPUs; ValueError
-        when that leaves either side without a CPU."""
-        if not standby:
-            raise ValueError("name at least one CPU for the standby")
-        if not standby <= allowed:
-            raise ValueError(f"CPUs {sorted(standby - allowed)} are not available "
-                             f"(this process may use {sorted(allowed)})")  # fmt: skip
-        if not allowed - standby:
-            raise ValueError(f"no CPU left for the other processes (available: {sorted(allowed)})")
-        return cls(standby, allowed - standby)
+    def choose(
+        cls,
+        allowed: frozenset[int],
+        standby: frozenset[int] | None = None,
+        publishers: frozenset[int] | None = None,
+    ) -> Placement:
+        """The standby on ``standby``, the publishers on ``publishers`` (each, when None,
+        with the brokers), the brokers on the ``allowed`` CPUs left; ValueError when a CPU
+        is not allowed or none is left for the brokers."""
+        if standby is None and publishers is None:
+            return cls()
+        apart: frozenset[int] = frozenset()
+        for name, cpus in (("standby", standby), ("publishers", publishers)):
+            if cpus is None:
+                continue
+            if not cpus:
+                raise ValueError(f"name at least one CPU for the {name}")
+            if not cpus <= allowed:
+                raise ValueError(f"CPUs {sorted(cpus - allowed)} for the {name} are not available "
+                                 f"(this process may use {sorted(allowed)})")  # fmt: skip
+            apart |= cpus
+        brokers = allowed - apart
+        if not brokers:
+            raise ValueError(f"no CPU left for the brokers (available: {sorted(allowed)})")
+        return cls(brokers, standby or brokers, publishers or brokers)
 
     def describe(self) -> str:
-        if self.standby is None or self.others is None:
-            return "all processes share every CPU (the standby on the primary's machine)"
-        return (f"standby pinned to CPU {_cpu_list(self.standby)}; the single broker, the "
-                f"primary and both publishers to CPU {_cpu_list(self.others)} (the standby's "
-                f"own machine, emulated; the disk is shared)")  # fmt: skip
+        if self.brokers is None or self.standby is None or self.publishers is None:
+            return "every process shares every CPU (the standby on the primary's machine)"
+        return (f"the single broker and the primary on CPU {_cpu_list(self.brokers)}, the "
+                f"standby on {_cpu_list(self.standby)}, both publishers on "
+                f"{_cpu_list(self.publishers)} (the disk is shared)")  # fmt: skip
+
+    def as_json(self) -> dict[str, list[int] | None]:
+        return {
+            name: None if cpus is None else sorted(cpus)
+            for name, cpus in (
+                ("brokers", self.brokers), ("standby", self.standby),
+                ("publishers", self.publishers),
+            )
+        }  # fmt: skip
 
 
 def _affinity(pid: int) -> list[int]:
@@ -472,7 +498,7 @@ def _start_pair(work: Path, placement: Placement) -> tuple[int, list[subprocess.
             f'secret = "bench"\nfailover = "manual"\nlink_port = {links[name]}\n'
             f"partner_link_port = {links[partner]}\nsync = true\n"
         )
-        cpus = placement.standby if role == "standby" else placement.others
+        cpus = placement.standby if role == "standby" else placement.brokers
         procs.append(_start(["--config", str(config)], work / f"{name}.log", ports[name], cpus))
     _wait_logged(work / "a.log", "standby in sync")
     return ports["a"], procs
@@ -493,8 +519,7 @@ def run(
     results: dict[str, Any] = {
         "benchmark": "ha", "method": "interleaved", "tasks": tasks[0], "task_counts": tasks,
         "seconds": seconds, "rounds": rounds, "placement": placement.describe(),
-        "standby_cpus": None if placement.standby is None else sorted(placement.standby),
-        "other_cpus": None if placement.others is None else sorted(placement.others),
+        "cpus": placement.as_json(),
     }  # fmt: skip
     procs: list[subprocess.Popen] = []
     setups: list[_Setup] = []
@@ -502,14 +527,14 @@ def run(
         port = _free_port()
         single_log = work / "s.log"
         procs.append(_start(["--port", str(port), "--data-dir", str(work / "single")],
-                            single_log, port, placement.others))  # fmt: skip
+                            single_log, port, placement.brokers))  # fmt: skip
         primary_port, pair_procs = _start_pair(work, placement)
         procs.extend(pair_procs)
         trio.run(_prepare, port)
         trio.run(_prepare, primary_port)
-        single = _Setup("single", port, {"broker": procs[0]}, placement.others)
+        single = _Setup("single", port, {"broker": procs[0]}, placement.publishers)
         brokers = {"primary": pair_procs[0], "standby": pair_procs[1]}
-        pair = _Setup("pair", primary_port, brokers, placement.others)
+        pair = _Setup("pair", primary_port, brokers, placement.publishers)
         setups = [single, pair]
         results["affinity"] = {  # read back: what the placement did to every thread
             "single": _affinity(single.brokers["broker"].pid),
@@ -744,8 +769,13 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=5, help="kill -9 rounds (0: none)")
     parser.add_argument(
         "--standby-cpus",
-        help="pin the standby to these CPUs (comma-separated) and every other process of the "
-        "throughput phases to the rest: the standby on a machine of its own, emulated",
+        help="pin the standby to these CPUs (comma-separated; the brokers compared get the "
+        "CPUs no option names): the standby on a machine of its own, emulated",
+    )
+    parser.add_argument(
+        "--publisher-cpus",
+        help="pin both publisher processes to these CPUs (comma-separated): the clients on "
+        "machines of their own, emulated",
     )
     parser.add_argument("--publisher", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -756,16 +786,14 @@ def main() -> None:
     rounds = 2 if args.quick else args.rounds
     if rounds < 1:
         parser.error("--rounds must be at least 1")
-    placement = Placement()
-    if args.standby_cpus is not None:
-        try:
-            try:
-                standby = frozenset(int(cpu) for cpu in args.standby_cpus.split(","))
-            except ValueError:
-                raise ValueError("expected CPU numbers, comma-separated (e.g. 1)") from None
-            placement = Placement.standby_apart(standby, frozenset(os.sched_getaffinity(0)))
-        except ValueError as exc:
-            parser.error(f"--standby-cpus {args.standby_cpus}: {exc}")
+    try:
+        placement = Placement.choose(
+            frozenset(os.sched_getaffinity(0)),
+            standby=_cpus("--standby-cpus", args.standby_cpus),
+            publishers=_cpus("--publisher-cpus", args.publisher_cpus),
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     configure_logging(level=logging.WARNING)  # the failing-over client's retries: not the table
     with tempfile.TemporaryDirectory(prefix="topiary-bench-ha-") as work:
         tasks = [int(n) for n in args.tasks.split(",")]
@@ -782,6 +810,15 @@ def main() -> None:
               f"{results['failover_duplicates']}")  # fmt: skip
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
+
+
+def _cpus(option: str, text: str | None) -> frozenset[int] | None:
+    if text is None:
+        return None
+    try:
+        return frozenset(int(cpu) for cpu in text.split(","))
+    except ValueError:
+        raise ValueError(f"{option} {text}: expected CPU numbers, comma-separated") from None
 
 
 def _met(ok: bool) -> str:

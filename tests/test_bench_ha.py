@@ -75,27 +75,40 @@ def test_the_median_interval_is_the_widest_rank_pair_with_95_percent_or_the_min_
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to set one apart")
-def test_standby_cpus_puts_every_thread_of_the_standby_apart_from_the_rest(
-    tmp_path: Path,
-) -> None:
-    standby, *others = sorted(os.sched_getaffinity(0))[::-1]  # the highest CPU for the standby
+def test_cpu_options_pin_every_thread_of_each_process_where_asked(tmp_path: Path) -> None:
+    *brokers, apart = sorted(os.sched_getaffinity(0))  # the highest CPU for the standby
     _, report = run_quick(
-        ROOT / "bench" / "ha.py", tmp_path / "ha.json",
-        "--tasks", "16", "--kills", "0", "--latency", "0", "--standby-cpus", str(standby),
+        ROOT / "bench" / "ha.py", tmp_path / "ha.json", "--tasks", "16", "--kills", "0",
+        "--latency", "0", "--standby-cpus", str(apart), "--publisher-cpus", str(apart),
     )  # fmt: skip
-    assert report["standby_cpus"] == [standby] and report["other_cpus"] == sorted(others)
+    assert report["cpus"] == {"brokers": brokers, "standby": [apart], "publishers": [apart]}
     affinity = report["affinity"]
-    assert affinity["standby"] == [standby]
-    for name in ("single", "primary", "single_publisher", "pair_publisher"):
-        assert affinity[name] == sorted(others), name
+    assert affinity["single"] == affinity["primary"] == brokers
+    assert affinity["standby"] == affinity["single_publisher"] == affinity["pair_publisher"]
+    assert affinity["standby"] == [apart]
     assert report["by_tasks"]["16"]["confirms_alone"] == 0
 
 
-def test_standby_cpus_that_leave_nothing_for_the_others_are_refused() -> None:
+def test_a_placement_names_every_cpu_kind_and_leaves_the_brokers_the_rest() -> None:
+    from bench.ha import Placement
+
+    allowed = frozenset({0, 1, 2, 3})
+    assert Placement.choose(allowed) == Placement()  # no option: nothing pinned
+    only_standby = Placement.choose(allowed, standby=frozenset({3}))
+    assert only_standby == Placement(frozenset({0, 1, 2}), frozenset({3}), frozenset({0, 1, 2}))
+    both = Placement.choose(allowed, standby=frozenset({3}), publishers=frozenset({2}))
+    assert both == Placement(frozenset({0, 1}), frozenset({3}), frozenset({2}))
+    with pytest.raises(ValueError, match="for the standby are not available"):
+        Placement.choose(allowed, standby=frozenset({7}))
+    with pytest.raises(ValueError, match="no CPU left for the brokers"):
+        Placement.choose(allowed, standby=frozenset({0, 1}), publishers=frozenset({2, 3}))
+
+
+def test_cpu_options_that_leave_nothing_for_the_brokers_are_refused() -> None:
     every = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "ha.py"), "--standby-cpus", every],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert "no CPU left for the other processes" in proc.stderr
+    assert "no CPU left for the brokers" in proc.stderr
