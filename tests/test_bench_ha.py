@@ -51,6 +51,7 @@ def test_quick_ha_benchmark_interleaves_a_single_broker_and_a_synced_pair(tmp_pa
     assert report["goals"]["ratio_at_128"] is None  # 128 not measured here
     assert report["goals"]["peak_ratio_met"] == (peak["ratio"] >= 0.75)
     assert report["pair_confirms_alone"] == 0 and report["pair_confirms_waited"] > 0
+    assert report["single_quota_dropped"] == report["pair_quota_dropped"] == 0
     assert "goal peak ratio >= 0.75" in proc.stdout and "ratios by round" in proc.stdout
     assert report["kills"] == 1 and len(report["failover_seconds"]) == 1
     assert 0 < report["failover_p50"] == report["failover_max"] < 30
