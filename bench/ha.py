@@ -873,9 +873,9 @@ def _print(results: dict[str, Any]) -> None:
     if goals["ratio_at_128"] is None:
         print(f"goal ratio >= {GOAL} at {DEFAULT_TASKS} tasks: not measured (--tasks)")
     else:
-        print(f"goal ratio >= {GOAL} at {DEFAULT_TASKS} tasks: {goals['ratio_at_128']:.2f}, "
+        print(f"goal ratio >= {GOAL} at {DEFAULT_TASKS} tasks: {goals['ratio_at_128']:.3f}, "
               f"{_met(goals['ratio_at_128_met'])}")  # fmt: skip
-    print(f"goal peak ratio >= {GOAL}: {goals['peak_ratio']:.2f}, "
+    print(f"goal peak ratio >= {GOAL}: {goals['peak_ratio']:.3f}, "
           f"{_met(goals['peak_ratio_met'])}")  # fmt: skip
     print(f"messages per commit: single {results['single_mean_batch']}, pair's primary "
           f"{results['pair_mean_batch']}; batches confirmed alone in the pair over the run: "
