@@ -159,13 +159,21 @@ async def test_drop_oldest_keeps_the_newest_within_quota(tmp_path: Path) -> None
         address = server.addresses[0]
         await leave_a_session(address, "q1", "q/>")
         await publish(address, "q/1", [str(i) for i in range(12)])
+        # Pipelined: a read of many PUBs, each an append and a trim, in shared batches.
+        async with connect(address) as p:
+            for i in range(12, 300):
+                await p.publish("q/1", str(i))
+            await p.publish("q/1", "300", confirm=True)  # stored in order: all are now
+        stored = await server.broker.store.session("q1")
+        assert stored is not None and stored.pending == 5
+        assert server.broker.store.statistics().messages == 5
         async with connect(address, client_id="q1", durable=True) as c:
             async with c.subscribe("q/>") as sub:
                 got = await take(sub, 5)
-                assert [m.payload for m in got] == [str(i).encode() for i in range(7, 12)]
+                assert [m.payload for m in got] == [str(i).encode() for i in range(296, 301)]
                 assert await quiet(sub)
             stats = await c.stats()
-    assert stats["quota_dropped"] == 7
+    assert stats["quota_dropped"] == 296
 
 
 async def test_byte_quota_counts_payload_bytes(tmp_path: Path) -> None:

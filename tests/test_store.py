@@ -525,6 +525,22 @@ async def test_callers_wait_for_room_when_the_queue_is_full(tmp_path: Path) -> N
         assert store.statistics().callers_waiting_for_room == 0
 
 
+async def test_an_append_with_trims_is_queued_whole_or_not_at_all(tmp_path: Path) -> None:
+    async with Store.open(tmp_path, max_queued=3) as store:
+        await store.create_session("a", None)
+        async with trio.open_nursery() as nursery, store._limiter:
+            nursery.start_soon(append, store, 1, "a")
+            await trio.testing.wait_all_tasks_blocked()  # the writer holds it, stuck
+            store.append_nowait("m2", "t", b"x", None, (("a", 2),), None)
+            with pytest.raises(trio.WouldBlock):  # room for 2: not the append and 2 trims
+                store.append_nowait("m3", "t", b"x", None, (("a", 3),), None, trims=[("a", 1)] * 2)
+            assert store.statistics().queued_operations == 1
+            handle = store.append_nowait("m3", "t", b"x", None, (("a", 3),), None, trims=[("a", 2)])
+            assert store.statistics().queued_operations == 3
+        assert await handle.wait() is True
+        assert await seqs(store, "a") == [3]
+
+
 # -- shutdown and cancellation -----------------------------------------------------------------
 
 

@@ -80,6 +80,7 @@ SPECS = {
     "ack": st.tuples(st.just("ack"), some_client, st.integers(0, 8)),
     "ack_one": st.tuples(st.just("ack_one"), some_client, st.integers(0, 8)),
     "trim": st.tuples(st.just("trim"), some_client, st.integers(0, 3)),
+    "trim_through": st.tuples(st.just("trim_through"), some_client, st.integers(0, 8)),
     "create": st.tuples(st.just("create"), st.sampled_from(CLIENTS), st.sampled_from([None, "g"])),
     "drop": st.tuples(st.just("drop"), st.sampled_from(CLIENTS)),
     "set_filters": st.tuples(
@@ -90,6 +91,7 @@ SPECS = {
 }
 # Weights by repetition: queues must grow for acks and trims to mean something.
 WEIGHTED = ["append"] * 12 + ["ack", "trim", "create", "drop", "set_filters", "add_filter"]
+WEIGHTED += ["trim_through"] * 2
 WEIGHTED += ["ack_one"] * 3 + ["remove_filter"]
 op_specs = st.sampled_from(WEIGHTED).flatmap(SPECS.__getitem__)
 
@@ -186,6 +188,15 @@ class StoreModel(RuleBasedStateMachine):
                 return work, Failed
             ordered = sorted(session.pending)
             dropped = ordered[: max(0, len(ordered) - keep)]
+            for s in dropped:
+                del session.pending[s]
+            return work, len(dropped)
+        if name == "trim_through":
+            seq = self.pick_seq(client_id, spec[2])
+            work = partial(backend.trim_through, client_id=client_id, seq=seq)
+            if session is None:
+                return work, Failed
+            dropped = [s for s in session.pending if s <= seq]
             for s in dropped:
                 del session.pending[s]
             return work, len(dropped)

@@ -241,13 +241,12 @@ class Broker:
 
     def persist_nowait(self, work: DurableWork) -> Pending | None:
         """``persist`` without a checkpoint, for the reader's hot path: None (nothing queued)
-        when the store's queue is full, it is closed or there is a quota trim to queue too;
-        then ``persist`` does it (and raises what there is to raise)."""
-        if work.trims:
-            return None
+        when the store's queue has no room for the append and its quota trims, or it is
+        closed; then ``persist`` does it (and raises what there is to raise)."""
         assert self.store is not None
         message = work.message
         deliveries = work.deliveries
+        trims = work.trims
         try:
             return self.store.append_nowait(
                 message.msg_id,
@@ -260,6 +259,7 @@ class Broker:
                 work.retain,
                 message.from_retained,
                 pack_extra(message),
+                None if trims is None else [(s.client_id, through) for s, through in trims],
             )
         except (trio.WouldBlock, StoreError):
             return None

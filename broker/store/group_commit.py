@@ -407,6 +407,16 @@ class GroupCommit:
             raise self._error(f"{self._name}: the {self._noun} is closed") from None
         return Pending(op)
 
+    def enqueue_all_nowait(self, works: Sequence[tuple[Any, OnDone | None]]) -> list[Pending]:
+        """``enqueue_nowait`` of each (work, on_done), in order, all or none: if there is not
+        room for all of them now, ``trio.WouldBlock`` and nothing is queued."""
+        if self._closing:
+            raise self._error(f"{self._name}: the {self._noun} is closed")
+        room = self._send.statistics()
+        if room.max_buffer_size - room.current_buffer_used < len(works):
+            raise trio.WouldBlock
+        return [self.enqueue_nowait(work, on_done) for work, on_done in works]
+
     async def submit(self, work: Any) -> Any:
         """Queue ``work`` and return its result once committed (or raise its error)."""
         if self._closing:

@@ -11,7 +11,10 @@ Batches. ``run_batch`` runs the operations of one group commit in ONE transactio
 ``BEGIN IMMEDIATE``, the operations, ``COMMIT``. A run of consecutive appends is stored with a
 few multi-row INSERTs (``_append_run``): each statement is a round through the sqlite3 module
 that needs the GIL the broker's trio thread is using, so 3 statements per append were costly
-for both threads. If any operation fails, the transaction is rolled back and run again with
+for both threads. A session at its quota (drop-oldest) follows each append with a
+``trim_through``; such a run of appends and trims is stored the same way, each session's
+trims coalesced into one (``_mixed_run``, which says why that is the same). If any operation
+fails, the transaction is rolled back and run again with
 each operation in its own ``SAVEPOINT`` (a failing one is rolled back alone and only its
 caller gets the error).
 
@@ -27,9 +30,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from functools import cache
+from functools import cache, partial
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -215,9 +220,16 @@ class SqliteBackend:
                     index += 1
                     continue
                 end = index + 1
-                while end < count and works[end].__class__ is Append:
+                mixed = False
+                while end < count:
+                    work = works[end]
+                    if work.__class__ is not Append:
+                        if _trim_through_args(work) is None:
+                            break
+                        mixed = True
                     end += 1
-                outcomes.extend(self._append_run(works[index:end]))  # type: ignore[arg-type]
+                run = works[index:end]
+                outcomes.extend(self._mixed_run(run) if mixed else self._append_run(run))  # type: ignore[arg-type]
                 index = end
         except Exception:
             self._restore(before)
@@ -336,6 +348,24 @@ class SqliteBackend:
         """Delete the session's deliveries matching ``condition``, dereferencing their messages."""
         where = f"client_id = ?{condition}"
         params = (client_id, *args)
+        self._dereference(where, params)
+        removed = self.conn.execute(f"DELETE FROM deliveries WHERE {where}", params).rowcount
+        self.deliveries -= removed
+        return removed
+
+    def _trim_seqs(self, client_id: str, seq: int) -> list[int]:
+        """``trim_through``'s removal, returning the seqs it removed (in no order)."""
+        where = "client_id = ? AND seq <= ?"
+        params = (client_id, seq)
+        self._dereference(where, params)
+        rows = self.conn.execute(f"DELETE FROM deliveries WHERE {where} RETURNING seq", params)
+        seqs = [removed for (removed,) in rows]
+        self.deliveries -= len(seqs)
+        return seqs
+
+    def _dereference(self, where: str, params: Sequence[Any]) -> None:
+        """The messages' side of deleting the deliveries ``where`` selects (before they go):
+        ``refs`` down by how many of them point at each, deleted at 0 (without retention)."""
         execute = self.conn.execute
         counted = (
             f"(SELECT message, count(*) AS n FROM deliveries WHERE {where} GROUP BY message) AS d"
@@ -356,9 +386,6 @@ class SqliteBackend:
             "WHERE messages.rowid = d.message",
             params,
         )
-        removed = execute(f"DELETE FROM deliveries WHERE {where}", params).rowcount
-        self.deliveries -= removed
-        return removed
 
     # -- sessions and filters ------------------------------------------------------------------
 
@@ -504,31 +531,42 @@ class SqliteBackend:
         moves once to its maximum. Any error (unknown session, a seq stored twice) raises,
         and the caller runs the batch again one operation at a time.
         """
-        execute = self.conn.execute
         now = self.clock()
         outcomes: list[Outcome] = []
         stored: list[Append] = []
-        dedup = self.dedup_window > 0
         keep_all = self.retention_seconds > 0
         for op in run:
-            if op.publisher_msg_id is not None and dedup:
-                cur = execute(
-                    "INSERT INTO published (msg_id, at) VALUES (?, ?) "
-                    "ON CONFLICT (msg_id) DO NOTHING",
-                    (op.publisher_msg_id, now),
-                )
-                if cur.rowcount == 0:
-                    self.duplicates += 1
-                    outcomes.append((True, False))
-                    continue
-                self.published += 1
+            if not self._admit(op, now):
+                outcomes.append((True, False))
+                continue
             outcomes.append((True, True))
-            if op.retain:
-                self._retain(op.topic, op.msg_id, op.payload, op.headers, op.extra)
             if op.deliveries or keep_all:
                 stored.append(op)
-        if not stored:
-            return outcomes
+        if stored:
+            self._store_messages(stored, now)
+        return outcomes
+
+    def _admit(self, op: Append, now: float) -> bool:
+        """An append's first half: False for a duplicate publish (nothing else done); else
+        its publisher id is remembered and, with ``retain``, its topic's retained message
+        set. Neither touches messages or deliveries."""
+        if op.publisher_msg_id is not None and self.dedup_window > 0:
+            cur = self.conn.execute(
+                "INSERT INTO published (msg_id, at) VALUES (?, ?) ON CONFLICT (msg_id) DO NOTHING",
+                (op.publisher_msg_id, now),
+            )
+            if cur.rowcount == 0:
+                self.duplicates += 1
+                return False
+            self.published += 1
+        if op.retain:
+            self._retain(op.topic, op.msg_id, op.payload, op.headers, op.extra)
+        return True
+
+    def _store_messages(self, stored: Sequence[Append], now: float) -> None:
+        """An append's second half for admitted appends in order: their messages (rowids
+        from max(rowid) + 1 up, as one INSERT each would take), deliveries and next_seqs."""
+        execute = self.conn.execute
         rowid = (self._scalar("SELECT max(rowid) FROM messages") or 0) + 1
         messages: list[Any] = []
         deliveries: list[Any] = []
@@ -563,7 +601,100 @@ class SqliteBackend:
             "UPDATE sessions SET next_seq = ? WHERE client_id = ? AND next_seq < ?",
             [(next_seq, client_id, next_seq) for client_id, next_seq in next_seqs.items()],
         )
+
+    def _mixed_run(self, run: Sequence[Work]) -> list[Outcome]:
+        """``_append_run`` for a run of appends and ``trim_through`` works (a session at its
+        quota, drop-oldest: each append is followed by a trim of each full session).
+
+        The run is cut into segments; a segment's stored appends are inserted together
+        (``_store_messages``), then each session's trims of the segment as ONE removal
+        through the highest seq they name. The same rows as running the works one by one:
+
+        - Deliveries: one by one, a delivery (c, s) goes iff some trim of c at or above s
+          runs while it is there; coalesced, iff s <= the highest trim of c. The same for
+          the deliveries there before the segment; for one appended in it, a segment is cut
+          before an append that has (c, s) with s <= a trim of c earlier in the segment, so
+          the highest trim of c at or above s comes after the append either way.
+        - Messages: a removal lowers a message's refs by the deliveries it removes that
+          point at it and deletes the message at 0 (without retention); refs only go down
+          and no work brings a deleted message back, so only the total matters.
+        - Rowids: one by one, an append takes max(rowid) + 1; ``_store_messages`` numbers a
+          segment's messages on from max(rowid) + 1 in order. That agrees as long as no
+          trim deletes the newest message before a later append: a trim joins the segment
+          only when the segment's newest stored append has no delivery of its session at or
+          below its seq (so that message keeps a reference); any other trim ends the segment
+          and runs alone, in its place.
+        - Other works: ``_admit`` (publisher ids, retained messages) touches no table a trim
+          does, so it runs in order as the run is read; trims of different sessions touch
+          different deliveries and only lower refs, so their order does not matter.
+
+        Outcomes are per work, as one by one: a trim's count is the number of removed seqs
+        its session's first trim at or above them would have removed (``_flush``). An error
+        (unknown session, a seq stored twice) raises: the batch runs again one by one.
+        """
+        now = self.clock()
+        keep_all = self.retention_seconds > 0
+        outcomes: list[Outcome] = [(True, None)] * len(run)
+        stored: list[Append] = []  # the segment's appends that store a message, in order
+        trims: dict[str, list[tuple[int, int]]] = {}  # session -> its (index, seq) trims
+        reach: dict[str, int] = {}  # session -> the highest seq its trims in ``trims`` name
+        for index, work in enumerate(run):
+            if work.__class__ is Append:
+                op: Append = work  # type: ignore[assignment]
+                if not self._admit(op, now):
+                    outcomes[index] = (True, False)
+                    continue
+                outcomes[index] = (True, True)
+                if not (op.deliveries or keep_all):
+                    continue
+                if reach and any(
+                    client_id in reach and seq <= reach[client_id]
+                    for client_id, seq in op.deliveries
+                ):
+                    self._flush(stored, trims, now, outcomes)
+                    stored, trims, reach = [], {}, {}
+                stored.append(op)
+                continue
+            client_id, seq = _trim_through_args(work)  # type: ignore[misc]
+            if not stored or any(
+                client == client_id and kept <= seq for client, kept in stored[-1].deliveries
+            ):
+                self._flush(stored, trims, now, outcomes)
+                stored, trims, reach = [], {}, {}
+                outcomes[index] = (True, self.trim_through(client_id, seq))
+                continue
+            trims.setdefault(client_id, []).append((index, seq))
+            if client_id not in reach or seq > reach[client_id]:
+                reach[client_id] = seq
+        self._flush(stored, trims, now, outcomes)
         return outcomes
+
+    def _flush(
+        self,
+        stored: list[Append],
+        trims: dict[str, list[tuple[int, int]]],
+        now: float,
+        outcomes: list[Outcome],
+    ) -> None:
+        """Store a segment of ``_mixed_run``: its messages, then each session's trims as one
+        removal, each trim's outcome (at its index) the count it removes one by one."""
+        if stored:
+            self._store_messages(stored, now)
+        for client_id, marks in trims.items():
+            self._session_row(client_id, "trim")
+            # highest[k]: the highest seq trimmed by the session's first k + 1 trims. A seq
+            # goes with its session's first trim at or above it: the first k with
+            # highest[k] >= seq (that trim comes after the seq's append: see _mixed_run).
+            highest = list(accumulate((seq for _, seq in marks), max))
+            removed = self._trim_seqs(client_id, highest[-1])
+            if len(marks) == 1:
+                outcomes[marks[0][0]] = (True, len(removed))
+                continue
+            counts = [0] * len(marks)
+            for seq in removed:
+                counts[bisect_left(highest, seq)] += 1
+            for (index, _), count in zip(marks, counts, strict=True):
+                outcomes[index] = (True, count)
 
     def _retain(
         self, topic: str, msg_id: str, payload: bytes, headers: bytes | None, extra: bytes | None
@@ -825,6 +956,22 @@ class Append:
             from_retained=self.from_retained,
             extra=self.extra,
         )
+
+
+def _trim_through_args(work: Work) -> tuple[str, int] | None:
+    """(client_id, seq) of a queued ``trim_through`` (the store's and a record's partial),
+    None for any other work."""
+    if work.__class__ is not partial:
+        return None
+    if work.func is not SqliteBackend.trim_through or work.args:  # type: ignore[attr-defined]
+        return None
+    keywords = work.keywords  # type: ignore[attr-defined]
+    if len(keywords) != 2:
+        return None
+    try:
+        return keywords["client_id"], keywords["seq"]
+    except KeyError:
+        return None
 
 
 def _as_store_error(exc: Exception) -> Exception:

@@ -470,10 +470,12 @@ class Store:
         retain: bool = False,
         from_retained: bool = False,
         extra: bytes | None = None,
+        trims: Sequence[tuple[str, int]] | None = None,
     ) -> Pending:
         """``begin_append`` without a checkpoint when the queue has room (the broker's reader
         queues one per PUB between two reads); ``trio.WouldBlock``, nothing queued, when it
-        is full."""
+        is full. ``trims`` (client id, seq) queue a ``begin_trim_through`` each right behind
+        the append (a quota's drop-oldest), all or none."""
         blob = None if headers is None else msgpack.packb(headers)
         work = Append(
             msg_id,
@@ -486,6 +488,13 @@ class Store:
             from_retained,
             extra,
         )
+        if trims:
+            ops: list[tuple[Work, OnDone | None]] = [(work, on_done)]
+            ops.extend(
+                (partial(SqliteBackend.trim_through, client_id=client_id, seq=seq), None)
+                for client_id, seq in trims
+            )
+            return self._queue.enqueue_all_nowait(ops)[0]
         return self._enqueue_nowait(work, on_done)
 
     async def begin_ack(self, client_id: str, seq: int) -> Pending:
