@@ -121,8 +121,20 @@ def test_over_tls_kill_9_of_the_primary_promotes_the_standby_and_nothing_confirm
 
     trio.run(main)
     for node in (a, b):
-        assert node.logged("TLS handshake failed") == 0, node.log.read_text()[-2000:]
-    assert "TLS handshake failed" not in witness_log.read_text()
+        assert _refused_handshakes(node.log.read_text()) == [], node.log.read_text()[-2000:]
+    assert _refused_handshakes(witness_log.read_text()) == []
+
+
+def _refused_handshakes(log: str) -> list[str]:
+    """The log's failed TLS handshakes other than the far end closing during one: the
+    certificates were refused. (A dial that meets a port whose owner is still starting or
+    stopping, or another test's process on a reused free port, ends in an EOF mid-handshake
+    and is retried; that is not a certificate failure.)"""
+    return [
+        line
+        for line in log.splitlines()
+        if "TLS handshake failed" in line and "EOF" not in json.loads(line).get("reason", "")
+    ]
 
 
 def test_sighup_reloads_the_link_certificates_on_primary_and_standby(
