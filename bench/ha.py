@@ -112,10 +112,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.harness.confirms import publish_confirmed_for  # noqa: E402
 from broker.client import connect  # noqa: E402
 from broker.log import configure_logging  # noqa: E402
 
 TOPIC = "bench/ha/t"
+PAYLOAD = b"x" * 500
 SESSION = "bench-ha"
 
 
@@ -357,12 +359,11 @@ def _own_cpu_seconds() -> float:
 
 async def _latencies(port: int, count: int) -> list[float]:
     """Seconds of each of ``count`` confirmed publishes, one at a time (after 50 unmeasured)."""
-    payload = b"x" * 500
     times = []
     async with connect(("127.0.0.1", port)) as client:
         for i in range(count + 50):
             start = time.perf_counter()
-            await client.publish(TOPIC, payload, confirm=True)
+            await client.publish(TOPIC, PAYLOAD, confirm=True)
             if i >= 50:
                 times.append(time.perf_counter() - start)
     return times
@@ -381,26 +382,12 @@ def _latency_ms(port: int, count: int) -> dict[str, float]:
 async def _publisher(port: int, tasks: int, seconds: float) -> dict[str, float]:
     """One phase: the PUBACKs counted, the seconds from the tasks' start until the last one
     returned, and the CPU seconds spent meanwhile (the connection's set-up excluded)."""
-    confirmed = 0
-    payload = b"x" * 500
     async with connect(("127.0.0.1", port)) as client:
         started_cpu = _own_cpu_seconds()
-        started = trio.current_time()
-        deadline = started + seconds
-
-        async def one() -> None:
-            nonlocal confirmed
-            while trio.current_time() < deadline:
-                await client.publish(TOPIC, payload, confirm=True)
-                confirmed += 1
-
-        with trio.fail_after(seconds + 60):
-            async with trio.open_nursery() as nursery:
-                for _ in range(tasks):
-                    nursery.start_soon(one)
+        confirmed, elapsed = await publish_confirmed_for(client, TOPIC, PAYLOAD, tasks, seconds)
         return {
             "confirmed": confirmed,
-            "seconds": trio.current_time() - started,
+            "seconds": elapsed,
             "cpu_seconds": _own_cpu_seconds() - started_cpu,
         }
 

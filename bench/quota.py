@@ -24,7 +24,6 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.harness.confirms import publish_confirmed_for  # noqa: E402
 from bench.harness.processes import (  # noqa: E402
     HOST,
     BrokerProcess,
@@ -80,21 +80,8 @@ async def _prepare(port: int, fill: int) -> None:
 
 async def _phase(port: int, tasks: int, seconds: float) -> tuple[int, float]:
     """``tasks`` publishers awaiting confirms for ``seconds``: (confirmed, elapsed s)."""
-    confirmed = 0
     async with connect((HOST, port)) as client:
-        started = time.perf_counter()
-        deadline = started + seconds
-
-        async def publish() -> None:
-            nonlocal confirmed
-            while time.perf_counter() < deadline:
-                await client.publish(TOPIC, PAYLOAD, confirm=True)
-                confirmed += 1
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(tasks):
-                nursery.start_soon(publish)
-        return confirmed, time.perf_counter() - started
+        return await publish_confirmed_for(client, TOPIC, PAYLOAD, tasks, seconds)
 
 
 def _measure(broker: BrokerProcess, tasks: int, seconds: float) -> dict[str, Any]:
